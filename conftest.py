@@ -1,0 +1,80 @@
+"""Root pytest configuration: the markers' skip rules and the LAB_IMPL switch.
+
+Markers (registered in pyproject.toml, enforced by --strict-markers):
+  gpu      needs a CUDA device
+  triton   a Triton kernel: runs on a GPU, or on the CPU through Triton's interpreter
+  upstream needs upstream/ (python -m course upstream)
+  vllm     needs the real vllm package
+  browser  needs Chromium
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent
+
+from course.loader import ALLOWED_IMPLS, LabImplError, selected_impl  # noqa: E402
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _cuda_available() -> bool:
+    if not _has("torch"):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+HAS_CUDA = _cuda_available()
+HAS_TRITON = _has("triton") and _has("torch")
+if HAS_TRITON and not HAS_CUDA:
+    # Run Triton kernels on the CPU through Triton's interpreter. Must be set
+    # before any @triton.jit function is defined, hence at conftest import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        selected_impl()
+    except LabImplError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [
+        f"LAB_IMPL={selected_impl()} (allowed: {', '.join(ALLOWED_IMPLS)}); "
+        f"cuda={HAS_CUDA} triton={HAS_TRITON} "
+        f"upstream={(ROOT / 'upstream').is_dir()}"
+    ]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reasons = {
+        "gpu": None if HAS_CUDA else "needs a CUDA device",
+        "triton": None if HAS_TRITON else "needs triton and torch (pip install -e '.[triton]')",
+        "upstream": None
+        if (ROOT / "upstream" / "vllm").is_dir()
+        else "needs upstream/ (python -m course upstream)",
+        "vllm": None if _has("vllm") else "needs the real vllm package (pip install -e '.[vllm]')",
+        "browser": None if _chromium() else "needs Chromium (apt-get install chromium)",
+    }
+    for item in items:
+        for marker, reason in reasons.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=f"[{marker}] {reason}"))
