@@ -1,0 +1,228 @@
+"""``python -m course cite``: check every citation of the real vLLM source.
+
+The one citation syntax of the course is a single inline code span holding a
+path relative to ``upstream/``, a colon, a line or a line range, one space, and
+a symbol::
+
+    `vllm/v1/core/block_pool.py:333 BlockPool.get_new_blocks`
+    `vllm/v1/core/sched/scheduler.py:390-392 Scheduler.schedule`
+
+A citation is good when the file exists in ``upstream/``, the cited lines exist,
+and the last dotted part of the symbol (``get_new_blocks``) appears as a whole
+word on the cited lines widened by ``SLACK`` lines on each side. A code span with
+a path and a line but no symbol is broken ("no symbol"). Citations inside fenced
+code blocks are not checked, and neither is a span that starts with a backtick
+(write ``` `` `path:1 Name` `` ``` to show the syntax itself).
+
+Broken citations print as ``doc.md:LINE: path:line Symbol: why``; the command
+exits 1 when there is any, and ends with a table of citations per deep-dive.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from course.errors import CourseError
+
+SLACK = 3
+EXTENSIONS = "py|cu|cuh|cpp|h|hpp|c|md|txt|toml|yaml|yml|json|sh|rs"
+CITATION_RE = re.compile(rf"^([\w./-]+\.(?:{EXTENSIONS})):(\d+)(?:-(\d+))?\s+(\S+)$")
+NO_SYMBOL_RE = re.compile(rf"^([\w./-]+\.(?:{EXTENSIONS})):(\d+)(?:-(\d+))?$")
+LOOSE_RE = re.compile(rf"^([\w./-]+\.(?:{EXTENSIONS})):(\d+)(?:-(\d+))?\s+\S.*$")
+CODE_SPAN_RE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
+IDENT_RE = re.compile(r"^[A-Za-z_]\w*$")
+
+# Folders never scanned for markdown: the cited tree itself, environments, outputs.
+SKIP_DIRS = {"upstream", ".venv", "venv", "build", "book", "node_modules", "__pycache__"}
+DEEP_DIVE = "01-deep-dive.md"
+
+
+@dataclass(frozen=True)
+class Citation:
+    doc: pathlib.Path  # the markdown file
+    line: int  # line in the markdown file (1-based)
+    text: str  # the code span's content, as written
+    path: str  # cited path, relative to upstream/
+    start: int
+    end: int
+    symbol: str | None
+    problem: str | None = None  # set when the span is malformed
+
+
+def iter_markdown(root: pathlib.Path) -> Iterator[pathlib.Path]:
+    """Every ``*.md`` under ``root``, skipping SKIP_DIRS and hidden folders, sorted."""
+    found: list[pathlib.Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+        found.extend(pathlib.Path(dirpath, f) for f in filenames if f.endswith(".md"))
+    yield from sorted(found)
+
+
+def code_spans(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, content) of every single-line inline code span outside fences."""
+    fence: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = FENCE_RE.match(line)
+        if fence is None:
+            if match:
+                fence = match.group(1)
+                continue
+        else:
+            if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence):
+                if not line.strip()[len(match.group(1)):].strip():
+                    fence = None
+            continue
+        for span in CODE_SPAN_RE.finditer(line):
+            content = span.group(2)
+            if len(span.group(1)) > 1 and content.startswith(" ") and content.endswith(" "):
+                content = content[1:-1]
+            yield number, content
+
+
+def find_citations(doc: pathlib.Path) -> Iterator[Citation]:
+    text = doc.read_text(encoding="utf-8", errors="replace")
+    for number, content in code_spans(text):
+        content = content.strip()
+        match = CITATION_RE.match(content)
+        if match:
+            path, start, end, symbol = match.groups()
+            problem = None
+        else:
+            match = NO_SYMBOL_RE.match(content)
+            problem = "no symbol (write `path:line Symbol`)"
+            if not match:
+                match = LOOSE_RE.match(content)
+                problem = "more than one word after the line (write `path:line Symbol`)"
+            if not match:
+                continue
+            (path, start, end), symbol = match.groups()[:3], None
+        start_i = int(start)
+        end_i = int(end) if end else start_i
+        yield Citation(doc, number, content, path, start_i, end_i, symbol, problem)
+
+
+class Upstream:
+    """Reads cited files from ``upstream/`` once each."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+        self._lines: dict[str, list[str] | None] = {}
+
+    def lines(self, rel: str) -> list[str] | None:
+        if rel not in self._lines:
+            path = (self.root / rel).resolve()
+            inside = path.is_relative_to(self.root.resolve())
+            self._lines[rel] = (
+                path.read_text(encoding="utf-8", errors="replace").splitlines()
+                if inside and path.is_file()
+                else None
+            )
+        return self._lines[rel]
+
+
+def symbol_name(symbol: str) -> str:
+    """The part that must appear in the source: the last dotted part, without ``()``."""
+    name = symbol.rsplit(".", 1)[-1]
+    return name[:-2] if name.endswith("()") else name
+
+
+def verify(citation: Citation, upstream: Upstream) -> str | None:
+    """None when the citation is good, else why it is broken."""
+    if citation.problem is not None or citation.symbol is None:
+        return citation.problem or "no symbol (write `path:line Symbol`)"
+    lines = upstream.lines(citation.path)
+    if lines is None:
+        if citation.path.startswith("upstream/"):
+            return "path must be relative to upstream/ (drop the leading upstream/)"
+        return "no such file in upstream/"
+    if citation.start < 1 or citation.end < citation.start:
+        return f"bad line range {citation.start}-{citation.end}"
+    if citation.end > len(lines):
+        return f"line {citation.end} is past the end of the file ({len(lines)} lines)"
+    name = symbol_name(citation.symbol)
+    if not IDENT_RE.match(name):
+        return f"symbol part {name!r} is not an identifier"
+    low = max(1, citation.start - SLACK)
+    high = min(len(lines), citation.end + SLACK)
+    window = "\n".join(lines[low - 1 : high])
+    if not re.search(rf"(?<!\w){re.escape(name)}(?!\w)", window):
+        return f"{name} does not appear on lines {low}-{high}"
+    return None
+
+
+@dataclass
+class Report:
+    checked: int
+    broken: list[tuple[Citation, str]]
+    per_deep_dive: dict[pathlib.Path, tuple[int, int]]  # doc -> (citations, broken)
+    files: int
+
+
+def check(
+    root: pathlib.Path,
+    upstream_dir: pathlib.Path,
+    files: Iterable[pathlib.Path] | None = None,
+) -> Report:
+    root = root.resolve()
+    if not upstream_dir.is_dir():
+        raise CourseError(
+            f"upstream/ not found at {upstream_dir}: run `python -m course upstream` first"
+        )
+    docs = sorted(files) if files is not None else list(iter_markdown(root))
+    for doc in docs:
+        if not doc.is_file():
+            raise CourseError(f"no such markdown file: {doc}")
+    upstream = Upstream(upstream_dir)
+    checked = 0
+    broken: list[tuple[Citation, str]] = []
+    per_deep_dive: dict[pathlib.Path, tuple[int, int]] = {}
+    for doc in docs:
+        count = bad = 0
+        for citation in find_citations(doc):
+            count += 1
+            why = verify(citation, upstream)
+            if why is not None:
+                bad += 1
+                broken.append((citation, why))
+        checked += count
+        if doc.name == DEEP_DIVE:
+            per_deep_dive[doc] = (count, bad)
+    return Report(checked, broken, per_deep_dive, len(docs))
+
+
+def _rel(path: pathlib.Path, root: pathlib.Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def format_report(report: Report, root: pathlib.Path) -> list[str]:
+    out = [
+        f"{_rel(c.doc, root)}:{c.line}: {c.text}: {why}" for c, why in report.broken
+    ]
+    if report.per_deep_dive:
+        width = max(len(_rel(d, root)) for d in report.per_deep_dive)
+        out.append("")
+        out.append(f"{'deep-dive':<{width}}  citations  broken")
+        for doc, (count, bad) in sorted(report.per_deep_dive.items()):
+            out.append(f"{_rel(doc, root):<{width}}  {count:>9}  {bad:>6}")
+    out.append("")
+    out.append(
+        f"{report.checked} citations in {report.files} markdown files; "
+        f"{len(report.broken)} broken"
+    )
+    return out
+
+
+def main(root: pathlib.Path, upstream_dir: pathlib.Path | None, files: list[str]) -> int:
+    upstream_dir = upstream_dir if upstream_dir is not None else root / "upstream"
+    paths = [pathlib.Path(f) for f in files] if files else None
+    report = check(root, upstream_dir, paths)
+    for line in format_report(report, root):
+        print(line)
+    return 1 if report.broken else 0

@@ -1,0 +1,192 @@
+"""Command line: ``python -m mini_vllm generate "prompt"`` and ``python -m mini_vllm bench``.
+
+``generate`` runs the engine and prints, per step, what the scheduler did
+(tokens per request, prefill/decode mix, KV blocks in use, prefix-cache hits,
+preemptions), then each completion. ``bench`` times ``Scheduler.schedule()``
+on a seeded synthetic workload at several concurrency levels.
+
+The default ``--model`` is ``tiny-random`` (the seeded numpy transformer in
+``mini_vllm/models``) when that package is present, else ``toy``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+
+import numpy as np
+
+from mini_vllm.engine import LLM, LLMEngine
+from mini_vllm.sampling_params import SamplingParams
+
+DEFAULT_MODEL = "tiny-random" if importlib.util.find_spec("mini_vllm.models") else "toy"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors are one line (``prog: error: ...``) with a pointer to --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _engine_flags(p: argparse.ArgumentParser, budget_default: int | None = 2048) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--block-size", type=_int_at_least(1), default=16, help="tokens per KV block (16)")
+    g.add_argument("--num-blocks", type=_int_at_least(2), default=None,
+                   help="KV blocks in the pool, block 0 included (generate: 1024; bench: enough for all)")
+    g.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=budget_default,
+                   help="token budget of one step" + (f" ({budget_default})" if budget_default else " (bench: enough to admit everyone at once)"))
+    g.add_argument("--max-num-seqs", type=_int_at_least(1), default=None,
+                   help="most requests running at once (generate: 256; bench: all)")
+    g.add_argument("--long-prefill-token-threshold", type=_int_at_least(0), default=0,
+                   help="cap on one request's tokens per step; 0 = off (0)")
+    g.add_argument("--enable-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="prefix caching (on)")
+    g.add_argument("--seed", type=_int_at_least(0), default=0, help="engine and workload seed (0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m mini_vllm", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete prompts and trace every engine step")
+    gen.add_argument("prompts", nargs="+", help="one or more prompts")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"'toy', 'tiny-random' or a model folder ({DEFAULT_MODEL})")
+    gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off (0)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1 = off (1.0)")
+    gen.add_argument("--min-p", type=float, default=0.0, help="0 = off (0.0)")
+    gen.add_argument("--ignore-eos", action="store_true", help="keep going past EOS")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--max-model-len", type=_int_at_least(2), default=None, help="context cap (the model's)")
+    gen.add_argument("--quiet", action="store_true", help="print completions only, no step trace")
+    _engine_flags(gen)
+    gen.set_defaults(parser=gen)
+
+    bench = sub.add_parser("bench", help="time the scheduler on a seeded synthetic workload")
+    bench.add_argument("--num-requests", default="100,1000,10000",
+                       help="comma-separated concurrency levels (100,1000,10000)")
+    bench.add_argument("--prompt-len", type=_int_at_least(1), default=32, help="longest prompt (32)")
+    bench.add_argument("--max-tokens", type=_int_at_least(1), default=8, help="longest output (8)")
+    _engine_flags(bench, budget_default=None)
+    bench.set_defaults(parser=bench)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    llm = LLM(
+        args.model, block_size=args.block_size, num_blocks=args.num_blocks or 1024,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs or 256,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        enable_caching=args.enable_caching, max_model_len=args.max_model_len, seed=args.seed,
+    )
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, stop=args.stop, seed=None,
+    )
+    outputs = llm.generate(args.prompts, params)
+    if not args.quiet:
+        print_trace(llm.llm_engine)
+    for out in outputs:
+        c, m = out.outputs[0], out.metrics
+        print(f"[{out.request_id}] prompt ({len(out.prompt_token_ids)} tokens): {out.prompt!r}")
+        print(f"    completion ({len(c.token_ids)} tokens, finish_reason={c.finish_reason}, "
+              f"first token at step {m.first_token_step}, preemptions={out.num_preemptions}): {c.text!r}")
+
+
+def print_trace(engine: LLMEngine) -> None:
+    total = engine.kv_cache_manager.block_pool.num_blocks - 1
+    print(f"{'step':>4} {'reqs':>4} {'tokens':>6} {'prefill':>7} {'decode':>6} {'run':>4} {'wait':>4} "
+          f"{'blocks':>9} {'hits':>4}  scheduled / events")
+    for s in engine.stats:
+        events = " ".join(f"{r}:{n}" for r, n in s.num_scheduled_tokens.items())
+        if s.preempted:
+            events += f"  PREEMPTED {','.join(s.preempted)}"
+        if s.finished:
+            events += f"  finished {','.join(s.finished)}"
+        print(f"{s.step:>4} {len(s.num_scheduled_tokens):>4} {sum(s.num_scheduled_tokens.values()):>6} "
+              f"{s.num_prefill_tokens:>7} {s.num_decode_tokens:>6} {s.num_running:>4} {s.num_waiting:>4} "
+              f"{f'{s.blocks_used}/{total}':>9} {s.num_cached_tokens:>4}  {events}")
+
+
+def bench_once(num_requests: int, args: argparse.Namespace) -> dict[str, float]:
+    """All requests arrive at once; half share a one-block system prefix.
+
+    By default the budget, pool and ``max_num_seqs`` admit every request in
+    step 1, so ``num_requests`` requests really run concurrently.
+    """
+    rng = np.random.default_rng(args.seed)
+    prefix = rng.integers(0, 256, args.block_size).tolist()
+    max_len = args.block_size + args.prompt_len + args.max_tokens
+    engine = LLMEngine(
+        "toy", block_size=args.block_size,
+        num_blocks=args.num_blocks or num_requests * -(-max_len // args.block_size) + 1,
+        max_num_batched_tokens=args.max_num_batched_tokens or num_requests * max_len,
+        max_num_seqs=args.max_num_seqs or num_requests,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        enable_caching=args.enable_caching, seed=args.seed,
+    )
+    for i in range(num_requests):
+        body = rng.integers(0, 256, int(rng.integers(1, args.prompt_len + 1))).tolist()
+        params = SamplingParams(temperature=0, ignore_eos=True,
+                                max_tokens=int(rng.integers(1, args.max_tokens + 1)))
+        engine.add_request({"prompt_token_ids": (prefix if i % 2 else []) + body}, params)
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    wall = time.perf_counter() - t0
+    sched = sum(s.schedule_time_s for s in engine.stats)
+    slots = sum(len(s.num_scheduled_tokens) for s in engine.stats)
+    return {
+        "requests": num_requests, "steps": len(engine.stats),
+        "peak_running": max(s.num_running + len(s.finished) for s in engine.stats),
+        "preemptions": sum(len(s.preempted) for s in engine.stats),
+        "ms_per_step": 1e3 * sched / len(engine.stats), "us_per_req": 1e6 * sched / slots,
+        "sched_s": sched, "wall_s": wall,
+    }
+
+
+def run_bench(args: argparse.Namespace) -> None:
+    try:
+        levels = [int(x) for x in args.num_requests.split(",")]
+        if not levels or min(levels) < 1:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--num-requests must be comma-separated integers >= 1, got {args.num_requests!r}") from None
+    print(f"{'requests':>8} {'steps':>5} {'peak run':>8} {'preempt':>7} {'sched ms/step':>13} "
+          f"{'sched us/req':>12} {'sched s':>7} {'wall s':>7}")
+    for n in levels:
+        r = bench_once(n, args)
+        print(f"{r['requests']:>8} {r['steps']:>5} {r['peak_running']:>8} {r['preemptions']:>7} "
+              f"{r['ms_per_step']:>13.3f} {r['us_per_req']:>12.2f} {r['sched_s']:>7.3f} {r['wall_s']:>7.2f}")
+    print("sched us/req = schedule() time / request-slots scheduled, over all steps")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        run_generate(args) if args.command == "generate" else run_bench(args)
+    except ValueError as exc:
+        args.parser.error(str(exc))  # one line, exit status 2; never a traceback
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""LLMEngine and LLM: the loop that turns prompts into completions.
+
+One ``step()`` is vLLM's heartbeat: schedule -> prepare inputs -> run the
+model -> sample -> update. Everything interesting (who runs, how many tokens,
+which blocks) was decided by the scheduler; the engine only wires the pieces
+together and keeps a per-step record (``stats``) so you can watch it work.
+
+``LLM`` is the offline front door with vLLM's output shapes
+(``RequestOutput.outputs[0].text``), including ``n > 1`` fan-out.
+
+upstream: vllm/v1/engine/llm_engine.py:47 LLMEngine
+upstream: vllm/v1/engine/core.py:428 EngineCore.step
+upstream: vllm/entrypoints/llm.py:66 LLM
+upstream: vllm/outputs.py:85 RequestOutput
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from mini_vllm.kv_cache import KVCacheManager
+from mini_vllm.model import ToyModel
+from mini_vllm.model_runner import prepare_inputs
+from mini_vllm.request import Request, RequestMetrics, RequestStatus
+from mini_vllm.sampler import Sampler
+from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.scheduler import Scheduler
+
+Prompt = str | dict
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one engine step did (``LLMEngine.stats`` holds one per step)."""
+
+    step: int
+    num_scheduled_tokens: dict[str, int]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    blocks_used: int  # blocks held by requests after scheduling (null block excluded)
+    num_cached_tokens: int  # prefix-cache hit tokens of requests admitted this step
+    preempted: list[str]
+    finished: list[str]
+    schedule_time_s: float  # wall time of Scheduler.schedule() alone
+
+
+def _positive_int(name: str, value: object, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+class LLMEngine:
+    """The engine. ``model`` is ``"toy"``, any name ``mini_vllm.models.get_model``
+    knows (``"tiny-random"``, a folder, a hub id), or a model object.
+
+    Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
+    Requests with ``seed=None`` draw from a generator seeded by
+    ``(seed, request number)``, so a whole run is reproducible.
+    """
+
+    def __init__(
+        self,
+        model: str | object = "toy",
+        block_size: int = 16,
+        num_blocks: int = 1024,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 256,
+        long_prefill_token_threshold: int = 0,
+        enable_caching: bool = True,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        _positive_int("block_size", block_size)
+        _positive_int("num_blocks", num_blocks, 2)
+        if max_model_len is not None:
+            _positive_int("max_model_len", max_model_len, 2)
+        if model == "toy":
+            self.model = ToyModel(seed=seed, **({"max_model_len": max_model_len} if max_model_len else {}))
+        elif isinstance(model, str):
+            from mini_vllm.models import get_model
+
+            self.model = get_model(model, seed=seed, max_model_len=max_model_len)
+        else:
+            self.model = model
+        self.max_model_len = min(max_model_len or self.model.max_model_len, self.model.max_model_len)
+        self.tokenizer = self.model.tokenizer
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_caching, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.kv_cache_manager,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            max_model_len=self.max_model_len,
+        )
+        self.model.init_kv_cache(num_blocks, block_size)
+        self.sampler = Sampler()
+        self.seed = seed
+        self.stats: list[StepStats] = []
+        self.num_steps = 0
+        self._num_added = 0
+        self._generators: dict[str, np.random.Generator] = {}
+
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue one request; return its id. Rejects what could never finish.
+
+        upstream: vllm/v1/engine/llm_engine.py:209 LLMEngine.add_request
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.n != 1:
+            raise ValueError(f"n must be 1 for LLMEngine.add_request (LLM.generate fans out n > 1), got {params.n}")
+        token_ids = self._tokenize(prompt)
+        budget = self.max_model_len
+        if len(token_ids) + params.max_tokens > budget:
+            raise ValueError(
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{len(token_ids) + params.max_tokens} exceeds max_model_len = {budget}"
+            )
+        bs, usable = self.kv_cache_manager.block_size, self.kv_cache_manager.block_pool.num_blocks - 1
+        # The last sampled token is never fed back, so it needs no KV slot.
+        needed = -(-(len(token_ids) + params.max_tokens - 1) // bs)
+        if needed > usable:
+            raise ValueError(
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) needs {needed} "
+                f"KV blocks of {bs} tokens, but the pool has only {usable} usable blocks "
+                f"(num_blocks - 1); raise num_blocks or lower max_tokens"
+            )
+        request_id = f"req-{self._num_added}" if request_id is None else request_id
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        request = Request(
+            request_id, token_ids, params, self.model.eos_token_id, time.time(), tokenizer=self.tokenizer
+        )
+        request.metrics.arrival_step = self.num_steps
+        seed = params.seed if params.seed is not None else (self.seed, self._num_added)
+        self._generators[request_id] = np.random.default_rng(seed)
+        self._num_added += 1
+        self.scheduler.add_request(request)
+        return request_id
+
+    def _tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            token_ids = list(prompt["prompt_token_ids"])
+        else:
+            raise ValueError(f"prompt must be a str or {{'prompt_token_ids': [...]}}, got {prompt!r:.60}")
+        if not token_ids:
+            raise ValueError("prompt is empty: a request needs at least one prompt token")
+        vocab = self.model.vocab_size
+        bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[:5]}")
+        return [int(t) for t in token_ids]
+
+    def step(self) -> list[Request]:
+        """One iteration: schedule, run, sample, update. Returns the requests finished now.
+
+        upstream: vllm/v1/engine/core.py:428 EngineCore.step
+        """
+        self.num_steps += 1
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        schedule_time = time.perf_counter() - t0
+        if out.total_num_scheduled_tokens == 0 and self.scheduler.has_unfinished_requests():
+            raise RuntimeError("the scheduler scheduled nothing while requests wait: this is a bug")
+
+        sampled: dict[str, int] = {}
+        num_decode = 0
+        if out.total_num_scheduled_tokens:
+            reqs = out.scheduled_requests
+            logits = self.model.execute(prepare_inputs(out, self.kv_cache_manager))
+            for row, req in enumerate(reqs):
+                n = out.num_scheduled_tokens[req.request_id]
+                if n == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
+                    num_decode += 1
+                if Scheduler.needs_sample(req, n):
+                    gen = self._generators[req.request_id]
+                    sampled[req.request_id] = self.sampler.sample(logits[row], req.sampling_params, gen)
+        finished = self.scheduler.update_from_output(out, sampled)
+
+        for req in out.scheduled_requests:
+            if req.request_id in sampled:
+                req.metrics.record_token(self.num_steps)
+            if req.num_preemptions == 0 and req.request_id in out.num_cached_tokens:
+                req.metrics.num_cached_tokens = out.num_cached_tokens[req.request_id]
+        for req in finished:
+            self._finish(req)
+        pool = self.kv_cache_manager.block_pool
+        self.stats.append(StepStats(
+            step=self.num_steps,
+            num_scheduled_tokens=dict(out.num_scheduled_tokens),
+            num_prefill_tokens=out.total_num_scheduled_tokens - num_decode,
+            num_decode_tokens=num_decode,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            blocks_used=pool.num_blocks - 1 - pool.get_num_free_blocks(),
+            num_cached_tokens=sum(out.num_cached_tokens.values()),
+            preempted=list(out.preempted_req_ids),
+            finished=[r.request_id for r in finished],
+            schedule_time_s=schedule_time,
+        ))
+        return finished
+
+    def _finish(self, request: Request) -> None:
+        request.metrics.finished_step = self.num_steps
+        self._generators.pop(request.request_id, None)
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish a waiting or running request now and free its blocks; unknown ids are ignored.
+
+        upstream: vllm/v1/engine/llm_engine.py:203 LLMEngine.abort_request
+        """
+        request = self.scheduler.requests.get(request_id)
+        if request is not None:
+            self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+            self._finish(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[Request]:
+        """Add every prompt, step until they all finish, return them in prompt order."""
+        prompts = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"params: got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
+        done: dict[str, Request] = {}
+        while len(done) < len(ids):
+            for req in self.step():
+                done[req.request_id] = req
+        return [done[i] for i in ids]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """upstream: vllm/outputs.py:22 CompletionOutput"""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """upstream: vllm/outputs.py:85 RequestOutput. ``metrics`` are those of ``outputs[0]``."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = field(default=0)
+
+
+class LLM:
+    """The offline front door: ``LLM(model, **engine_kwargs).generate(prompts, params)``.
+
+    ``n > 1`` becomes n child requests; with a seed, child i uses ``seed + i``
+    (upstream: vllm/v1/engine/parallel_sampling.py:80 ParentRequest).
+    """
+
+    def __init__(self, model: str | object = "toy", **engine_kwargs) -> None:
+        self.llm_engine = LLMEngine(model, **engine_kwargs)
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        engine = self.llm_engine
+        prompts = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"sampling_params: got {len(sampling_params)} for {len(prompts)} prompts")
+        children: list[list[str]] = []
+        for prompt, sp in zip(prompts, sampling_params, strict=True):
+            seeds = [None if sp.seed is None else sp.seed + i for i in range(sp.n)]
+            children.append([engine.add_request(prompt, replace(sp, n=1, seed=s)) for s in seeds])
+        done: dict[str, Request] = {}
+        total = sum(map(len, children))
+        while len(done) < total:
+            for req in engine.step():
+                done[req.request_id] = req
+        results = []
+        for prompt, ids in zip(prompts, children, strict=True):
+            reqs = [done[i] for i in ids]
+            outputs = [
+                CompletionOutput(i, r.output_text(), list(r.output_token_ids), r.finish_reason,
+                                 r.stop_reason, r.metrics)
+                for i, r in enumerate(reqs)
+            ]
+            results.append(RequestOutput(
+                request_id=ids[0],
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=list(reqs[0].prompt_token_ids),
+                outputs=outputs,
+                metrics=reqs[0].metrics,
+                num_cached_tokens=reqs[0].metrics.num_cached_tokens,
+                num_preemptions=sum(r.num_preemptions for r in reqs),
+            ))
+        return results

@@ -1,0 +1,203 @@
+"""A Llama / Qwen2 decoder in numpy, running on a paged KV cache.
+
+One class serves both families; the config says where they differ (Qwen2 has
+a bias on q/k/v; Llama may have ``attention_bias`` / ``mlp_bias``; either may
+tie the output embedding to the input one). Per layer::
+
+    x ─┬─ RMSNorm ─ qkv_proj ─ RoPE(q, k) ─ write K,V ─ paged attention ─ o_proj ─(+)─┬─ ...
+       └──────────────────────────────────────────────────────────────────────────┘  │
+       ┌─────────────────────────────────────────────────────────────────────────────┘
+       └─┬─ RMSNorm ─ gate_up_proj ─ silu(gate) * up ─ down_proj ─(+)─ next layer
+         └─────────────────────────────────────────────────────────┘
+
+Like vLLM, q/k/v are one matrix (``qkv_proj``) and gate/up are one matrix
+(``gate_up_proj``): fewer, bigger matmuls. Weights are stored ``[in, out]`` so
+a layer is ``x @ W``. The batch is flat: ``T`` rows from any number of
+requests, prefill chunks and decodes mixed; only attention looks at which
+request a row belongs to. The final norm and the LM head run only on the rows
+in ``logits_indices`` (one per request), as in vLLM.
+
+upstream: vllm/model_executor/models/llama.py:501 LlamaForCausalLM
+upstream: vllm/model_executor/models/llama.py:316 LlamaDecoderLayer.forward
+upstream: vllm/model_executor/models/qwen2.py:120 Qwen2Attention
+upstream: vllm/model_executor/layers/rotary_embedding/common.py:18 rotate_neox
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mini_vllm.model_input import ModelInput
+from mini_vllm.models.attention import paged_attention, write_kv
+from mini_vllm.models.config import ModelConfig, rope_inv_freq
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: np.ndarray  # [hidden]
+    qkv_proj: np.ndarray  # [hidden, q_size + 2 * kv_size]
+    o_proj: np.ndarray  # [q_size, hidden]
+    post_norm: np.ndarray  # [hidden]
+    gate_up_proj: np.ndarray  # [hidden, 2 * intermediate]
+    down_proj: np.ndarray  # [intermediate, hidden]
+    qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]
+    o_bias: np.ndarray | None = None  # [hidden]
+    gate_up_bias: np.ndarray | None = None  # [2 * intermediate]
+    down_bias: np.ndarray | None = None  # [hidden]
+
+
+@dataclass(slots=True)
+class Weights:
+    embed_tokens: np.ndarray  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: np.ndarray  # [hidden]
+    lm_head: np.ndarray  # [hidden, vocab]; embed_tokens.T when tied
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return weight * (x / np.sqrt(variance + np.float32(eps)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    # x * sigmoid(x), with exp(-|x|) so nothing overflows: sigmoid(x) is
+    # 1 / (1 + e) for x >= 0 and e / (1 + e) below, where e = exp(-|x|).
+    e = np.exp(-np.abs(x))
+    return x * np.where(x >= 0, 1.0, e) / (1.0 + e)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (i, i + head_dim/2) by position * inv_freq[i] (the "neox" layout HF uses).
+
+    x: [T, heads, head_dim]; cos, sin: [T, head_dim / 2].
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+class LlamaForCausalLM:
+    """The numpy transformer behind the model interface every mini_vllm model shares."""
+
+    def __init__(self, config: ModelConfig, weights: Weights, tokenizer=None,
+                 max_model_len: int | None = None, name: str = "llama"):
+        config.validate()
+        self.config = config
+        self.weights = weights
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = config.vocab_size
+        self.eos_token_id = config.eos_token_id
+        self.max_model_len = int(max_model_len or config.max_position_embeddings)
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        self.inv_freq = rope_inv_freq(config)
+        self.scale = config.head_dim ** -0.5
+        self.kv_cache: np.ndarray | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
+
+    # -- the model interface -------------------------------------------------
+    def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """Allocate K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        c = self.config
+        self.kv_cache = np.zeros((c.num_hidden_layers, 2, num_blocks, block_size,
+                                  c.num_key_value_heads, c.head_dim), dtype=np.float32)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0 if self.kv_cache is None else self.kv_cache.nbytes
+
+    def execute(self, model_input: ModelInput) -> np.ndarray:
+        """Run one step; return float32 logits [num_reqs, vocab] at ``logits_indices``."""
+        if self.kv_cache is None:
+            raise RuntimeError("call init_kv_cache(num_blocks, block_size) before execute()")
+        if model_input.block_size != self.kv_cache.shape[3]:
+            raise ValueError(f"model_input.block_size ({model_input.block_size}) differs from "
+                             f"the KV cache's block_size ({self.kv_cache.shape[3]})")
+        hidden = self.forward(model_input)
+        return self.compute_logits(hidden[model_input.logits_indices])
+
+    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Final RMSNorm and LM head, only for the rows that are sampled."""
+        x = rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+        return x @ self.weights.lm_head
+
+    # -- the forward pass ----------------------------------------------------
+    def forward(self, model_input: ModelInput) -> np.ndarray:
+        """The residual stream after the last layer, every row: [T, hidden]."""
+        c, w = self.config, self.weights
+        num_tokens = model_input.num_tokens
+        x = w.embed_tokens[model_input.token_ids]
+        angles = model_input.positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(angles), np.sin(angles)
+        for layer_idx, lw in enumerate(w.layers):
+            h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
+            qkv = h @ lw.qkv_proj
+            if lw.qkv_bias is not None:
+                qkv += lw.qkv_bias
+            q = qkv[:, :c.q_size].reshape(num_tokens, c.num_attention_heads, c.head_dim)
+            k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(
+                num_tokens, c.num_key_value_heads, c.head_dim)
+            v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, c.num_key_value_heads,
+                                                      c.head_dim)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            k_cache, v_cache = self.kv_cache[layer_idx]
+            write_kv(k_cache, v_cache, k, v, model_input.slot_mapping)
+            attn = paged_attention(q, k_cache, v_cache, model_input, self.scale)
+            out = attn.reshape(num_tokens, c.q_size) @ lw.o_proj
+            if lw.o_bias is not None:
+                out += lw.o_bias
+            x = x + out
+
+            h = rms_norm(x, lw.post_norm, c.rms_norm_eps)
+            gate_up = h @ lw.gate_up_proj
+            if lw.gate_up_bias is not None:
+                gate_up += lw.gate_up_bias
+            gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]
+            out = (silu(gate) * up) @ lw.down_proj
+            if lw.down_bias is not None:
+                out += lw.down_bias
+            x = x + out
+        return x
+
+
+def random_weights(config: ModelConfig, seed: int = 0) -> Weights:
+    """Seeded random weights, scaled so logits spread out (std about 1), never near-ties.
+
+    Linear layers are N(0, 1/fan_in); norm weights are 1 + N(0, 0.1^2) so they
+    matter; biases are present exactly where the config asks for them.
+    """
+    rng = np.random.default_rng(seed)
+    c = config
+
+    def mat(fan_in: int, fan_out: int) -> np.ndarray:
+        return (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
+
+    def vec(n: int, mean: float = 0.0, std: float = 0.1) -> np.ndarray:
+        return (mean + std * rng.standard_normal(n)).astype(np.float32)
+
+    qkv_out = c.q_size + 2 * c.kv_size
+    layers = [
+        LayerWeights(
+            input_norm=vec(c.hidden_size, 1.0),
+            qkv_proj=mat(c.hidden_size, qkv_out),
+            o_proj=mat(c.q_size, c.hidden_size),
+            post_norm=vec(c.hidden_size, 1.0),
+            gate_up_proj=mat(c.hidden_size, 2 * c.intermediate_size),
+            down_proj=mat(c.intermediate_size, c.hidden_size),
+            qkv_bias=vec(qkv_out) if c.qkv_bias else None,
+            o_bias=vec(c.hidden_size) if c.o_bias else None,
+            gate_up_bias=vec(2 * c.intermediate_size) if c.mlp_bias else None,
+            down_bias=vec(c.hidden_size) if c.mlp_bias else None,
+        )
+        for _ in range(c.num_hidden_layers)
+    ]
+    embed = rng.standard_normal((c.vocab_size, c.hidden_size)).astype(np.float32)
+    lm_head = embed.T if c.tie_word_embeddings else mat(c.hidden_size, c.vocab_size)
+    return Weights(embed_tokens=embed, layers=layers, norm=vec(c.hidden_size, 1.0),
+                   lm_head=lm_head)

@@ -1,0 +1,166 @@
+"""Request and RequestStatus: one generation's whole state, in one object.
+
+The scheduler never keeps a "phase" for a request. It keeps two counters and
+lets them catch up: ``num_tokens`` (prompt plus output so far) and
+``num_computed_tokens`` (how many of those already have KV in the cache). A
+prefill, a chunk of one, a decode and a recompute after preemption are all the
+same move: schedule ``num_tokens - num_computed_tokens`` tokens, or fewer.
+
+``RequestStatus`` keeps upstream's order so that "finished" is a single
+comparison. The seed of this course defined ``is_finished`` three ways; this
+file uses upstream's, ``status > PREEMPTED``, and defines it once, on the enum.
+
+upstream: vllm/v1/request.py:59 Request
+upstream: vllm/v1/request.py:315 RequestStatus
+upstream: vllm/v1/request.py:337 RequestStatus.is_finished
+upstream: vllm/v1/core/sched/utils.py:94 check_stop
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.tokenizer import ByteTokenizer
+
+
+class RequestStatus(enum.IntEnum):
+    """Upstream's order with the waiting sub-states left out; order matters."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Everything after PREEMPTED is a finished status.
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: RequestStatus) -> str | None:
+        return _FINISH_REASON.get(status)
+
+
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timing in engine steps (filled by LLMEngine; steps are numbered from 1)."""
+
+    arrival_step: int = 0  # steps already run when the request was added
+    first_token_step: int | None = None
+    finished_step: int | None = None
+    inter_token_steps: list[int] = field(default_factory=list)
+    last_token_step: int | None = None
+    num_cached_tokens: int = 0  # prefix-cache hit tokens at first admission
+
+    def record_token(self, step: int) -> None:
+        if self.first_token_step is None:
+            self.first_token_step = step
+        else:
+            self.inter_token_steps.append(step - self.last_token_step)
+        self.last_token_step = step
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        tokenizer=None,
+    ) -> None:
+        self.request_id = request_id
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        # Chained hashes of the full blocks of all_token_ids; KVCacheManager
+        # extends this list as blocks fill (upstream: Request.update_block_hashes).
+        self.block_hashes: list[int] = []
+        self.stop_reason: int | str | None = None
+        # Stop strings are matched on text, so they need a decoder.
+        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+        self.metrics = RequestMetrics()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        """Append one sampled token (upstream: Request.append_output_token_ids)."""
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def maybe_finish(self, max_model_len: int | None = None) -> bool:
+        """Check the stop conditions after a token was appended; set the status.
+
+        Order, as upstream's ``check_stop``: EOS (unless ``ignore_eos``), then
+        stop strings, then length. So an EOS sampled as the ``max_tokens``-th
+        token reports ``"stop"``, not ``"length"``. Stop strings are found in
+        the decoded output text, so one split across two tokens still matches.
+        """
+        params = self.sampling_params
+        last = self.output_token_ids[-1]
+        if not params.ignore_eos and last == self.eos_token_id:
+            self.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if params.stop:
+            text = self.tokenizer.decode(self.output_token_ids)
+            for s in params.stop:
+                if s in text:
+                    self.status = RequestStatus.FINISHED_STOPPED
+                    self.stop_reason = s
+                    return True
+        if self.num_output_tokens >= params.max_tokens or (
+            max_model_len is not None and self.num_tokens >= max_model_len
+        ):
+            self.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    def output_text(self) -> str:
+        """Decoded output, cut before the stop string that finished it (upstream default)."""
+        text = self.tokenizer.decode(self.output_token_ids)
+        if isinstance(self.stop_reason, str):
+            text = text[: text.find(self.stop_reason)]
+        return text
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, computed="
+            f"{self.num_computed_tokens}/{self.num_tokens}, out={self.num_output_tokens})"
+        )

@@ -1,0 +1,78 @@
+"""Sampler: one request's logits row -> one token id.
+
+Order: greedy when ``temperature == 0``; otherwise divide by the temperature,
+then top-k, top-p and min-p filters, then draw from what is left, renormalised.
+Top-k keeps every token tied with the k-th largest logit; top-p keeps the
+smallest set of most likely tokens whose mass reaches ``top_p`` (always at
+least one); min-p keeps tokens with probability >= ``min_p`` x the largest.
+
+Upstream applies min-p earlier (it is a logits processor that runs before the
+top-k/top-p sampler); the two orders can differ only when min-p and top-p are
+both active, since top-k and min-p both keep "the largest few" and commute.
+
+Each request draws from its own ``np.random.Generator`` (seeded from
+``SamplingParams.seed``), so its tokens never depend on its batch neighbours.
+
+upstream: vllm/v1/sample/sampler.py:238 Sampler.sample
+upstream: vllm/v1/sample/ops/topk_topp_sampler.py:328 apply_top_k_top_p_pytorch
+upstream: vllm/v1/sample/logits_processor/builtin.py:22 MinPLogitsProcessor
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mini_vllm.sampling_params import SamplingParams
+
+
+class Sampler:
+    def sample(
+        self,
+        logits: np.ndarray,
+        params: SamplingParams,
+        generator: np.random.Generator | None = None,
+    ) -> int:
+        logits = np.asarray(logits, dtype=np.float64)
+        if logits.ndim != 1:
+            raise ValueError(f"logits must be one row [vocab], got shape {logits.shape}")
+        if params.temperature == 0:
+            return int(np.argmax(logits))  # ties -> lowest id, like torch.argmax
+        probs = self.probs(logits, params)
+        rng = generator if generator is not None else np.random.default_rng(params.seed)
+        return int(rng.choice(len(probs), p=probs))
+
+    def probs(self, logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+        """The distribution a non-greedy draw uses (after all filters)."""
+        logits = np.asarray(logits, dtype=np.float64) / params.temperature
+        if params.top_k > 0:
+            logits = _apply_top_k(logits, params.top_k)
+        if params.top_p < 1.0:
+            logits = _apply_top_p(logits, params.top_p)
+        probs = _softmax(logits)
+        if params.min_p > 0.0:
+            probs = np.where(probs < params.min_p * probs.max(), 0.0, probs)
+            probs /= probs.sum()
+        return probs
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+def _apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    if k >= len(logits):
+        return logits
+    kth = np.partition(logits, len(logits) - k)[len(logits) - k]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def _apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
+    # As upstream: sort ascending, drop the tokens whose cumulative mass from the
+    # bottom is <= 1 - p, and never drop the most likely one.
+    order = np.argsort(logits, kind="stable")
+    cum = np.cumsum(_softmax(logits)[order])
+    drop = cum <= 1.0 - p
+    drop[-1] = False
+    out = logits.copy()
+    out[order[drop]] = -np.inf
+    return out

@@ -1,0 +1,239 @@
+"""The scheduler: each step, decide which requests run and how many tokens each gets.
+
+There is no prefill phase and no decode phase. A request has ``num_tokens``
+(prompt + output so far) and ``num_computed_tokens`` (tokens whose KV exists);
+each step the scheduler hands out a budget of ``max_num_batched_tokens`` tokens
+to let the second counter catch up with the first. A whole prompt, a chunk of
+one, one decode token and a recompute after preemption are the same move, so
+prefills and decodes mix freely in one batch.
+
+``schedule()`` in two passes, like vLLM v1:
+
+1. RUNNING requests, in order. Each gets ``min(remaining, threshold, budget)``
+   tokens. If ``allocate_slots`` has no room, preempt the *last* running
+   request (FCFS: the newest loses), free its blocks and retry; if the victim
+   is the request itself, stop.
+2. WAITING requests, FCFS, only if nothing was preempted this step and fewer
+   than ``max_num_seqs`` are running. Each starts from its prefix-cache hit
+   (``get_computed_blocks``); the first that does not fit stops admission.
+
+Unlike upstream, ``num_computed_tokens`` advances in ``update_from_output``
+(after the model ran), not at the end of ``schedule()``. Upstream moves it early
+so the next step can be scheduled while this one runs (async scheduling);
+mini_vllm is synchronous, and this way ``num_computed_tokens`` still marks where
+the scheduled chunk starts while the step executes.
+
+upstream: vllm/v1/core/sched/scheduler.py:329 Scheduler.schedule
+upstream: vllm/v1/core/sched/output.py:181 SchedulerOutput
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from mini_vllm.kv_cache import KVCacheManager
+from mini_vllm.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step runs. Batch order: ``scheduled_running_reqs`` then ``scheduled_new_reqs``.
+
+    ``scheduled_new_reqs`` holds newly admitted and resumed (previously
+    preempted) requests alike, as upstream's v2 model runner merges them
+    (upstream: vllm/v1/core/sched/scheduler.py:850 scheduled_resumed_reqs).
+    ``finished_req_ids`` are the requests that finished since the previous
+    ``schedule()`` (so a model runner can drop their state).
+    """
+
+    scheduled_new_reqs: list[Request] = field(default_factory=list)
+    scheduled_running_reqs: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    preempted_req_ids: list[str] = field(default_factory=list)
+    finished_req_ids: set[str] = field(default_factory=set)
+    num_cached_tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scheduled_requests(self) -> list[Request]:
+        return self.scheduled_running_reqs + self.scheduled_new_reqs
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        long_prefill_token_threshold: int = 0,
+        max_model_len: int | None = None,
+    ) -> None:
+        for name, value, low in (
+            ("max_num_seqs", max_num_seqs, 1),
+            ("max_num_batched_tokens", max_num_batched_tokens, 1),
+            ("long_prefill_token_threshold", long_prefill_token_threshold, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+
+    def add_request(self, request: Request) -> None:
+        """upstream: vllm/v1/core/sched/scheduler.py:1755 Scheduler.add_request"""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def _clamp_new_tokens(self, num_new_tokens: int, token_budget: int) -> int:
+        """The long-prefill cap, then the step's remaining budget.
+
+        upstream: vllm/v1/core/sched/scheduler.py:390-392 long_prefill_token_threshold
+        """
+        if 0 < self.long_prefill_token_threshold < num_new_tokens:
+            num_new_tokens = self.long_prefill_token_threshold
+        return min(num_new_tokens, token_budget)
+
+    @staticmethod
+    def needs_sample(request: Request, num_scheduled_tokens: int) -> bool:
+        """True when this step computes the request's last known token: its logits
+        give the next token. A mid-prefill chunk samples nothing."""
+        return request.num_computed_tokens + num_scheduled_tokens == request.num_tokens
+
+    def schedule(self) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        out = SchedulerOutput(finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = set()
+        token_budget = self.max_num_batched_tokens
+
+        # Pass 1: RUNNING. upstream: vllm/v1/core/sched/scheduler.py:441-474 preempted_req
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new = self._clamp_new_tokens(
+                request.num_tokens - request.num_computed_tokens, token_budget
+            )
+            while (new_blocks := kv.allocate_slots(request, num_new)) is None:
+                victim = self.running.pop()  # FCFS: the most recently admitted
+                self._preempt_request(victim)
+                out.preempted_req_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            out.scheduled_running_reqs.append(request)
+            out.num_scheduled_tokens[request.request_id] = num_new
+            token_budget -= num_new
+            req_index += 1
+
+        # Pass 2: WAITING. upstream: vllm/v1/core/sched/scheduler.py:545 preempted_reqs
+        while (
+            not out.preempted_req_ids
+            and self.waiting
+            and token_budget > 0
+            and len(self.running) < self.max_num_seqs
+        ):
+            request = self.waiting[0]
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = self._clamp_new_tokens(request.num_tokens - num_hit_tokens, token_budget)
+            if kv.allocate_slots(request, num_new, hits, num_hit_tokens) is None:
+                break  # head-of-line: later arrivals wait behind it (FCFS)
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            out.scheduled_new_reqs.append(request)
+            out.num_scheduled_tokens[request.request_id] = num_new
+            out.num_cached_tokens[request.request_id] = num_hit_tokens
+            token_budget -= num_new
+
+        out.total_num_scheduled_tokens = self.max_num_batched_tokens - token_budget
+        assert len(self.running) <= self.max_num_seqs
+        return out
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, go to the front.
+
+        The request keeps ``output_token_ids``; when readmitted it prefills
+        prompt + output so far (its prefix-cache lookup uses all of them).
+        The caller has already removed it from ``running``.
+
+        upstream: vllm/v1/core/sched/scheduler.py:929 Scheduler._preempt_request
+        """
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampled: dict[str, int]
+    ) -> list[Request]:
+        """Advance each scheduled request, append its sampled token, reap the finished.
+
+        ``sampled`` maps request id -> token for exactly the requests for which
+        ``needs_sample`` was true. One O(len(running)) rebuild removes the
+        finished requests, never one ``list.remove`` per request
+        (upstream: vllm/v1/core/sched/scheduler.py:1530 remove_all).
+
+        upstream: vllm/v1/core/sched/scheduler.py:1283 Scheduler.update_from_output
+        """
+        finished: list[Request] = []
+        for request in scheduler_output.scheduled_requests:
+            if request.is_finished():  # aborted after schedule()
+                continue
+            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            if request.num_computed_tokens != request.num_tokens:
+                raise ValueError(
+                    f"sampled: request {request.request_id!r} is mid-prefill "
+                    f"({request.num_computed_tokens}/{request.num_tokens} tokens) and must not sample"
+                )
+            request.append_output_token(token)
+            if request.maybe_finish(self.max_model_len):
+                finished.append(request)
+        if finished:
+            self.running = [r for r in self.running if not r.is_finished()]
+            for request in finished:
+                self._free_request(request)
+        return finished
+
+    def finish_requests(self, request_ids: str | list[str], status: RequestStatus) -> None:
+        """Finish requests from outside (an abort); unknown or finished ids are ignored.
+
+        upstream: vllm/v1/core/sched/scheduler.py:1779 Scheduler.finish_requests
+        """
+        if not RequestStatus.is_finished(status):
+            raise ValueError(f"status must be a finished status, got {status.name}")
+        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        requests = [self.requests[i] for i in ids if i in self.requests]
+        running = [r for r in requests if r.status == RequestStatus.RUNNING]
+        if running:
+            self.running = [r for r in self.running if r not in running]
+        if len(running) < len(requests):
+            self.waiting = deque(r for r in self.waiting if r not in requests)
+        for request in requests:
+            request.status = status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        """upstream: vllm/v1/core/sched/scheduler.py:1842 Scheduler._free_request"""
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        """upstream: vllm/v1/core/sched/scheduler.py:1872 Scheduler.get_num_unfinished_requests"""
+        return len(self.waiting) + len(self.running)

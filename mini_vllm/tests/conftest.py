@@ -1,0 +1,53 @@
+"""Shared helpers for mini_vllm's tests (fixtures only: test modules import nothing from here)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mini_vllm.kv_cache import KVCacheManager
+from mini_vllm.request import Request
+from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.scheduler import Scheduler
+
+
+@pytest.fixture
+def make_request():
+    """make_request(token_ids, max_tokens=4, request_id=None, **params) -> Request (EOS 256)."""
+    counter = itertools.count()
+
+    def make(token_ids, max_tokens=4, request_id=None, **params):
+        params.setdefault("temperature", 0.0)
+        params.setdefault("ignore_eos", True)
+        rid = request_id if request_id is not None else f"r{next(counter)}"
+        return Request(rid, list(token_ids), SamplingParams(max_tokens=max_tokens, **params), 256)
+
+    return make
+
+
+@pytest.fixture
+def make_scheduler():
+    """make_scheduler(num_blocks, block_size, enable_caching=True, **scheduler_kwargs)."""
+
+    def make(num_blocks=64, block_size=4, enable_caching=True, **kwargs):
+        kv = KVCacheManager(num_blocks, block_size, enable_caching)
+        return Scheduler(kv, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def run_step():
+    """run_step(scheduler, token=7) -> (SchedulerOutput, finished): one step where
+    every request that needs a sample gets ``token``."""
+
+    def step(scheduler, token=7):
+        out = scheduler.schedule()
+        sampled = {
+            r.request_id: token
+            for r in out.scheduled_requests
+            if Scheduler.needs_sample(r, out.num_scheduled_tokens[r.request_id])
+        }
+        return out, scheduler.update_from_output(out, sampled)
+
+    return step

@@ -1,0 +1,132 @@
+"""Lab 00-01 — the KV cache turns O(N^2) work into O(N) and changes no token."""
+from course import load_impl
+
+impl = load_impl(__file__)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# The guide's three-token example: query [1, 0]; keys and values of tokens 1..3.
+Q3 = [1.0, 0.0]
+KEYS = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+VALUES = [[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]]
+
+
+def test_linear_is_one_dot_product_per_row_of_w():
+    # The guide's primer: [1,2,3].[4,5,6] = 32, and x=[1,2,3] times a 2x3 W gives [4, 5].
+    assert impl.linear([1, 2, 3], [[4, 5, 6]]).tolist() == [32.0]
+    assert impl.linear([1, 2, 3], [[1, 0, 1], [0, 1, 1]]).tolist() == [4.0, 5.0]
+    with pytest.raises(ValueError, match="shapes"):
+        impl.linear([1, 2], [[1, 0, 1]])
+
+
+def test_softmax_sums_to_one_and_survives_huge_logits():
+    p = impl.softmax(np.array([1000.0, 1001.0, 999.0]))
+    assert np.isfinite(p).all()
+    assert p.sum() == pytest.approx(1.0)
+    assert int(np.argmax(p)) == 1
+
+
+def test_guide_worked_attention_example():
+    # scores [1, 0, 1] scaled by 1/sqrt(2) -> softmax ~ [0.40, 0.20, 0.40]
+    w = impl.attention_weights(Q3, KEYS)
+    assert np.round(w, 3).tolist() == [0.401, 0.198, 0.401]
+    # the exponentials the guide shows: exp(0.707) ~ 2.03, and their sum ~ 5.06
+    assert round(float(np.exp(1 / np.sqrt(2))), 2) == 2.03
+    assert round(float(w[1] ** -1), 2) == 5.06
+    out = impl.attend(Q3, KEYS, VALUES)
+    assert np.round(out, 2).tolist() == [6.02, 3.98]  # "about [6, 4]"
+
+
+def test_attend_counts_one_score_per_key():
+    meter = impl.WorkMeter()
+    impl.attend(Q3, KEYS, VALUES, meter)
+    assert meter.scores == 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 47), min_size=1, max_size=8),
+    n_new=st.integers(1, 10),
+    seed=st.integers(0, 3),
+)
+def test_both_loops_produce_identical_tokens(prompt, n_new, seed):
+    model = impl.TinyModel(seed=seed)
+    slow, _ = impl.generate_no_cache(model, prompt, n_new)
+    fast, _ = impl.generate_with_cache(model, prompt, n_new)
+    assert slow == fast
+    assert slow[: len(prompt)] == prompt and len(slow) == len(prompt) + n_new
+
+
+def test_cached_prefill_gives_bit_identical_logits_to_a_fresh_forward():
+    model = impl.TinyModel(seed=1)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    meter = impl.WorkMeter()
+    whole = impl.forward(model, tokens, 0, model.new_cache(16), meter)
+    cache = model.new_cache(16)
+    impl.forward(model, tokens[:5], 0, cache, meter)
+    impl.forward(model, tokens[5:7], 5, cache, meter)
+    last = impl.forward(model, tokens[7:], 7, cache, meter)
+    assert np.array_equal(whole, last)
+
+
+def test_no_cache_work_is_the_arithmetic_series():
+    model = impl.TinyModel()
+    _, meter = impl.generate_no_cache(model, [1, 2, 3, 4, 5], 10)
+    assert impl.kv_rows_no_cache(5, 10) == 95 == sum(range(5, 15))
+    assert meter.kv_rows == model.n_layers * 95
+
+
+def test_cached_work_is_linear_and_skips_the_last_token():
+    model = impl.TinyModel()
+    _, meter = impl.generate_with_cache(model, [1, 2, 3, 4, 5], 10)
+    # 5 prompt rows, then one row for each of the first 9 generated tokens: the
+    # 10th is sampled but never fed back, so its K/V is never computed.
+    assert impl.kv_rows_with_cache(5, 10) == 14
+    assert meter.kv_rows == model.n_layers * 14
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=st.integers(1, 6), n=st.integers(1, 8))
+def test_measured_rows_match_both_formulas(p, n):
+    model = impl.TinyModel(seed=2)
+    prompt = list(range(p))
+    _, slow = impl.generate_no_cache(model, prompt, n)
+    _, fast = impl.generate_with_cache(model, prompt, n)
+    assert slow.kv_rows == model.n_layers * impl.kv_rows_no_cache(p, n)
+    assert fast.kv_rows == model.n_layers * impl.kv_rows_with_cache(p, n)
+
+
+def test_attention_scores_cubic_without_cache_quadratic_with_it():
+    model = impl.TinyModel()
+    p, n = 4, 6
+    _, slow = impl.generate_no_cache(model, list(range(p)), n)
+    _, fast = impl.generate_with_cache(model, list(range(p)), n)
+    # Without a cache, a step over L tokens scores the whole causal triangle L(L+1)/2.
+    no_cache = sum((p + i) * (p + i + 1) // 2 for i in range(n))
+    # With it, the prefill scores its triangle once and each decode row scores L keys.
+    cached = p * (p + 1) // 2 + sum(p + i + 1 for i in range(n - 1))
+    assert slow.scores == model.n_layers * no_cache
+    assert fast.scores == model.n_layers * cached
+
+
+def test_work_ratio_grows_with_length():
+    # From an empty start (P = 1) the guide's N(N+1)/2 versus N is exact.
+    assert impl.kv_rows_no_cache(1, 1000) == 500_500
+    assert impl.kv_rows_with_cache(1, 1000) == 1000
+    ratios = [impl.kv_rows_no_cache(5, n) / impl.kv_rows_with_cache(5, n) for n in (10, 100, 1000)]
+    assert ratios == sorted(ratios)
+    assert ratios[-1] > 100
+    assert round(ratios[-1], 1) == 502.5
+
+
+def test_bad_arguments_are_rejected():
+    model = impl.TinyModel()
+    with pytest.raises(ValueError, match="n_new"):
+        impl.generate_with_cache(model, [1], 0)
+    with pytest.raises(ValueError, match="prompt"):
+        impl.generate_no_cache(model, [], 3)
+    with pytest.raises(ValueError, match="n_new"):
+        impl.kv_rows_with_cache(3, 0)

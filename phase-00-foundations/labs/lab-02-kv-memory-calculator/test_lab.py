@@ -1,0 +1,133 @@
+"""Lab 00-02 — every memory number of the Phase 00 guide, computed and pinned."""
+from course import load_impl
+
+impl = load_impl(__file__)
+
+import pytest  # noqa: E402
+
+GiB, MiB, KiB, GB = impl.GiB, impl.MiB, impl.KiB, impl.GB
+L8, L70 = impl.LLAMA_3_1_8B, impl.LLAMA_3_1_70B
+
+
+def per_token(cfg, dtype_bytes=2, kv_heads=None):
+    heads = cfg.num_kv_heads if kv_heads is None else kv_heads
+    return impl.kv_bytes_per_token(cfg.num_layers, heads, cfg.head_dim, dtype_bytes)
+
+
+def test_llama3_8b_per_token():
+    assert per_token(L8) == 131_072 == 128 * KiB
+
+
+def test_llama3_70b_per_token():
+    assert per_token(L70) == 327_680 == 320 * KiB
+
+
+def test_sequence_sizes():
+    assert impl.kv_bytes_per_seq(per_token(L8), 2048) == 268_435_456 == 256 * MiB
+    # 2,000 tokens: 262 MB in decimal units, 250 MiB in binary ones
+    assert impl.kv_bytes_per_seq(per_token(L8), 2000) == 262_144_000 == 250 * MiB
+    seq70 = impl.kv_bytes_per_seq(per_token(L70), 8192)
+    assert seq70 == 2_684_354_560 == int(2.5 * GiB)
+    assert round(seq70 / GB, 2) == 2.68
+
+
+def test_llama3_8b_concurrency_on_the_round_budget():
+    # 24 GiB card, 16 GiB of weights (round numbers), 2,048-token sequences.
+    seq = impl.kv_bytes_per_seq(per_token(L8), 2048)
+    assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, seq) == 32
+
+
+def test_parameter_counts_come_from_the_configs():
+    assert impl.num_params(L8) == 8_030_261_248
+    assert impl.num_params(L70) == 70_553_706_496
+    assert L8.vocab_size * L8.hidden_size == 525_336_576  # the embedding table
+    w8 = impl.weight_bytes(L8, 2)
+    assert w8 == 16_060_522_496
+    assert round(w8 / GiB, 2) == 14.96
+    # the MLP holds about 70% of Llama-3.1-8B's weights
+    mlp = L8.num_layers * 3 * L8.hidden_size * L8.intermediate_size
+    assert round(mlp / impl.num_params(L8), 3) == 0.702
+
+
+def test_llama3_8b_concurrency_with_real_weights_and_units():
+    seq = impl.kv_bytes_per_seq(per_token(L8), 2048)
+    w8 = impl.weight_bytes(L8, 2)
+    assert impl.max_concurrent_seqs(24 * GiB, w8, seq) == 36  # a true 24 GiB
+    assert impl.max_concurrent_seqs(24 * GB, w8, seq) == 29  # a "24 GB" label, decimal
+    # vLLM's default gpu_memory_utilization at the pin is 0.92
+    assert impl.max_concurrent_seqs(24 * GiB, w8, seq, gpu_memory_utilization=0.92) == 28
+    assert impl.max_concurrent_seqs(80 * GiB, w8, seq) == 260
+    assert impl.max_concurrent_seqs(80 * GiB, w8, impl.kv_bytes_per_seq(per_token(L8), 8192)) == 65
+
+
+def test_fp8_kv_doubles_concurrency():
+    bf16 = impl.kv_bytes_per_seq(per_token(L8, 2), 2048)
+    fp8 = impl.kv_bytes_per_seq(per_token(L8, 1), 2048)
+    assert per_token(L8, 1) == 64 * KiB
+    assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, fp8) == 64
+    assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, fp8) == 2 * impl.max_concurrent_seqs(
+        24 * GiB, 16 * GiB, bf16
+    )
+
+
+def test_gqa_saves_vs_mha():
+    mha = per_token(L8, kv_heads=L8.num_q_heads)  # 32 KV heads, one per query head
+    assert mha == 524_288 == 512 * KiB
+    assert mha // per_token(L8) == 4
+    seq = impl.kv_bytes_per_seq(mha, 2048)
+    assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, seq) == 8
+
+
+def test_llama3_70b_does_not_fit_one_80_gib_card_in_bf16():
+    w70 = impl.weight_bytes(L70, 2)
+    assert w70 == 141_107_412_992
+    assert round(w70 / GB, 1) == 141.1 and round(w70 / GiB, 1) == 131.4
+    seq = impl.kv_bytes_per_seq(per_token(L70), 8192)
+    assert impl.max_concurrent_seqs(80 * GiB, w70, seq) == 0
+    # four cards pooled (tensor parallelism splits weights and KV evenly)
+    assert impl.max_concurrent_seqs(4 * 80 * GiB, w70, seq) == 75
+    # fp8 weights fit on one card, leaving room for a handful of 8k sequences
+    assert impl.max_concurrent_seqs(80 * GiB, impl.weight_bytes(L70, 1), seq) == 5
+
+
+def test_no_room_returns_zero():
+    assert impl.max_concurrent_seqs(16 * GiB, 24 * GiB, 256 * MiB) == 0
+    assert impl.max_concurrent_seqs(16 * GiB, 16 * GiB, 256 * MiB) == 0
+
+
+def test_max_concurrency_reproduces_the_vllm_log_line():
+    c = impl.max_concurrency(num_blocks=8788, block_size=16, max_model_len=2048)
+    assert c == 68.65625 == 140_608 / 2048
+    assert int(c * 2048) == 140_608  # the "GPU KV cache size: 140,608 tokens" line
+    line = impl.concurrency_log_line(2048, c)
+    assert line == "Maximum concurrency for 2,048 tokens per request: 68.66x"
+
+
+def test_block_view_agrees_with_the_sequence_view():
+    blocks = impl.num_kv_blocks(8 * GiB, per_token(L8), block_size=16)
+    assert blocks == 4096
+    c = impl.max_concurrency(blocks, 16, 2048)
+    assert c == 32.0
+    assert impl.concurrency_log_line(2048, c).endswith("32.00x")
+    # a max_model_len that is not a multiple of the block size rounds up to whole blocks
+    assert impl.max_concurrency(100, 16, 17) == 50.0
+
+
+def test_going_further_capacity_question():
+    need = 200 * impl.kv_bytes_per_seq(per_token(L8), 4096)
+    assert need == 100 * GiB
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: impl.kv_bytes_per_token(0, 8, 128, 2), "num_layers"),
+        (lambda: impl.kv_bytes_per_token(32, 8, 128, 0), "dtype_bytes"),
+        (lambda: impl.kv_bytes_per_seq(131072, 0), "seq_len"),
+        (lambda: impl.max_concurrent_seqs(GiB, 0, MiB, gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+        (lambda: impl.max_concurrency(10, 0, 2048), "block_size"),
+    ],
+)
+def test_bad_input_names_the_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()

@@ -1,0 +1,141 @@
+"""Lab 00-05 — byte-level BPE: lossless, deterministic, shorter, and equal to the HF trainer."""
+from course import load_impl
+
+impl = load_impl(__file__)
+
+import functools  # noqa: E402
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+CORPUS = impl.load_corpus()
+MiB = 1 << 20
+
+# Any Unicode string without surrogates (which UTF-8 cannot encode), built from code
+# points so hypothesis need not build its Unicode tables (slow on a fresh checkout).
+CODE_POINT = st.one_of(
+    st.integers(0x00, 0x7F), st.integers(0x80, 0xD7FF), st.integers(0xE000, 0x10FFFF)
+)
+ANY_TEXT = st.lists(CODE_POINT, max_size=60).map(lambda cps: "".join(map(chr, cps)))
+
+
+@functools.cache
+def merges(vocab_size: int) -> tuple[tuple[int, int], ...]:
+    return tuple(impl.train_bpe(CORPUS, vocab_size))
+
+
+def test_pair_counts_and_the_first_merge_of_aaabdaaabac():
+    word = tuple(b"aaabdaaabac")
+    counts = impl.get_pair_counts({word: 1})
+    assert counts[(97, 97)] == 4  # overlapping windows: aa-a and a-aa, twice
+    assert counts[(97, 98)] == 2
+    assert impl.train_bpe("aaabdaaabac", 257) == [(97, 97)]
+    # every non-overlapping occurrence is replaced, not just the first: aa a b d aa a b a c
+    assert impl.merge_pair(word, (97, 97), 256) == [256, 97, 98, 100, 256, 97, 98, 97, 99]
+
+
+def test_word_frequencies_weight_the_counts():
+    counts = impl.get_pair_counts({(1, 2, 3): 5, (2, 3): 2})
+    assert counts == {(1, 2): 5, (2, 3): 7}
+
+
+def test_merges_are_deterministic_and_numbered_from_256():
+    first = impl.train_bpe(CORPUS, 300)
+    assert first == impl.train_bpe(CORPUS, 300)
+    assert len(first) == 44
+    assert len(merges(512)) == 256
+    table = impl.vocab_bytes(list(merges(512)))
+    assert [table[256 + i] for i in range(3)] == [b" t", b"he", b" the"]
+
+
+def test_training_stops_when_the_corpus_runs_out_of_pairs():
+    assert len(impl.train_bpe(CORPUS, 2000)) == 793
+
+
+def test_encode_applies_merges_by_rank():
+    # (b, c) was learned first, so "abc" becomes a + bc even though a-b comes first
+    assert impl.encode("abc", [(98, 99), (97, 98)]) == [97, 256]
+    assert impl.encode("abc", [(97, 98), (98, 99)]) == [256, 99]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ANY_TEXT)
+def test_round_trip_on_any_unicode(text):
+    m = list(merges(512))
+    ids = impl.encode(text, m)
+    assert impl.decode(ids, m) == text
+    # and at the byte level: the tokens spell out exactly the UTF-8 bytes
+    table = impl.vocab_bytes(m)
+    assert b"".join(table[i] for i in ids) == text.encode("utf-8")
+
+
+@settings(max_examples=30, deadline=None)
+@given(ANY_TEXT)
+def test_zero_merges_is_the_byte_tokenizer(text):
+    assert impl.encode(text, []) == list(text.encode("utf-8"))
+
+
+def test_byte_baseline_matches_mini_vllm_byte_tokenizer():
+    tok_mod = pytest.importorskip("mini_vllm.tokenizer", reason="mini_vllm.tokenizer not built yet")
+    tok = tok_mod.ByteTokenizer()
+    for text in (CORPUS[:500], impl.HELD_OUT, "naïve café, 東京"):
+        assert impl.encode(text, []) == tok.encode(text)
+        assert impl.decode(tok.encode(text), []) == text
+
+
+def test_compression_ratio_beats_bytes():
+    assert impl.compression_ratio(CORPUS, []) == 1.0
+    ratios = [impl.compression_ratio(CORPUS, list(merges(v))) for v in (300, 400, 512, 1024)]
+    assert ratios == sorted(ratios) and ratios[0] > 1
+    assert [round(r, 2) for r in ratios] == [1.57, 2.15, 2.67, 4.45]
+    held = [impl.compression_ratio(impl.HELD_OUT, list(merges(v))) for v in (300, 400, 512, 1024)]
+    assert [round(r, 2) for r in held] == [1.66, 2.13, 2.57, 3.65]
+
+
+def test_fewer_tokens_means_less_kv_memory():
+    kv_bytes, kv_bpe = impl.kv_bytes_for_text(CORPUS, list(merges(512)), 131_072)
+    assert len(CORPUS.encode("utf-8")) == 4586
+    assert kv_bytes == 4586 * 131_072 == 601_096_192
+    assert kv_bpe == 1717 * 131_072
+    assert (round(kv_bytes / MiB), round(kv_bpe / MiB)) == (573, 215)
+
+
+def test_agrees_with_hugging_face_bpe_trainer():
+    tokenizers = pytest.importorskip("tokenizers", reason="pip install tokenizers for the oracle")
+    # Give HF the same pre-tokens, each byte b spelled as the character chr(0x100 + b):
+    # its alphabet then gets ids 0..255 in byte order and its tie-break (smallest
+    # pair of ids) is the same rule as ours, so merges must agree exactly.
+    base = 0x100
+    spell = lambda b: "".join(chr(base + x) for x in b)  # noqa: E731
+    pieces = [spell(p.encode("utf-8")) for p in impl.pretokenize(CORPUS)]
+    for vocab_size in (300, 512):
+        tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+        trainer = tokenizers.trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            initial_alphabet=[chr(base + b) for b in range(256)],
+            special_tokens=[],
+            show_progress=False,
+        )
+        tok.train_from_iterator(pieces, trainer)
+        model = json.loads(tok.to_str())["model"]
+        assert all(model["vocab"][chr(base + b)] == b for b in range(256))
+        hf = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
+        hf_bytes = [(bytes(ord(c) - base for c in a), bytes(ord(c) - base for c in b)) for a, b in hf]
+        ours = list(merges(vocab_size))
+        table = impl.vocab_bytes(ours)
+        assert hf_bytes == [(table[a], table[b]) for a, b in ours]
+        hf_ids = [i for p in impl.pretokenize(impl.HELD_OUT) for i in tok.encode(spell(p.encode())).ids]
+        assert hf_ids == impl.encode(impl.HELD_OUT, ours)
+
+
+def test_bad_input_is_rejected():
+    with pytest.raises(ValueError, match="vocab_size"):
+        impl.train_bpe(CORPUS, 100)
+    with pytest.raises(ValueError, match="token id"):
+        impl.decode([300], [])
+    with pytest.raises(ValueError, match="text"):
+        impl.compression_ratio("", [])
+    with pytest.raises(ValueError, match="kv_bytes_per_token"):
+        impl.kv_bytes_for_text("hi", [], 0)

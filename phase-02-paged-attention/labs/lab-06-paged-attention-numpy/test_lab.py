@@ -1,0 +1,160 @@
+"""Lab 02-06 tests: the write map, the read map, and paged == dense."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from course import load_impl
+
+impl = load_impl(__file__)
+
+BLOCK_SIZE = 16
+HEADS, KV_HEADS, DIM = 4, 2, 8
+
+
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The oracle: plain attention over contiguous K/V ``[seq, kv_heads, dim]``."""
+    group = q.shape[0] // k.shape[1]
+    out = np.empty_like(q)
+    for h in range(q.shape[0]):
+        scores = k[:, h // group, :] @ q[h] / np.sqrt(q.shape[1])
+        p = np.exp(scores - scores.max())
+        out[h] = (p / p.sum()) @ v[:, h // group, :]
+    return out
+
+
+def scatter_sequence(k, v, table, num_blocks, block_size=BLOCK_SIZE, fill=0.0):
+    """Put a contiguous sequence into a fresh paged cache via the learner's write path."""
+    shape = (num_blocks, block_size, k.shape[1], k.shape[2])
+    k_cache, v_cache = np.full(shape, fill), np.full(shape, fill)
+    slots = impl.build_slot_mapping(table, block_size, 0, len(k))
+    impl.write_kv(k_cache, v_cache, slots, k, v)
+    return k_cache, v_cache
+
+
+def test_slot_mapping_formula_at_block_edges():
+    table = [7, 2, 9]
+    slots = impl.build_slot_mapping(table, 4, 0, 12)
+    assert slots.tolist() == [28, 29, 30, 31, 8, 9, 10, 11, 36, 37, 38, 39]
+    # crossing a block boundary mid-range
+    assert impl.build_slot_mapping(table, 4, 3, 2).tolist() == [31, 8]
+    # one decode token at position 9 -> block_table[2] * 4 + 1
+    assert impl.build_slot_mapping(table, 4, 9, 1).tolist() == [37]
+    assert impl.build_slot_mapping(table, 4, 5, 0).tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"block_size": 0, "start": 0, "num_tokens": 1}, "block_size"),
+        ({"block_size": 4, "start": -1, "num_tokens": 1}, "start"),
+        ({"block_size": 4, "start": 0, "num_tokens": -2}, "num_tokens"),
+        ({"block_size": 4, "start": 10, "num_tokens": 3}, "num_tokens"),
+    ],
+)
+def test_slot_mapping_rejects_ranges_the_table_cannot_hold(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        impl.build_slot_mapping([7, 2, 9], **kwargs)
+
+
+def test_write_then_gather_round_trips():
+    rng = np.random.default_rng(1)
+    seq_len = 40
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    table = [6, 1, 4]
+    k_cache, v_cache = scatter_sequence(k, v, table, num_blocks=8)
+    np.testing.assert_array_equal(impl.gather_kv(k_cache, table, seq_len, BLOCK_SIZE), k)
+    np.testing.assert_array_equal(impl.gather_kv(v_cache, table, seq_len, BLOCK_SIZE), v)
+    # token 20 lives in logical block 1 -> physical block 1, offset 4
+    np.testing.assert_array_equal(k_cache[1, 4], k[20])
+    # blocks outside the table stay untouched
+    assert not k_cache[[0, 2, 3, 5, 7]].any()
+
+
+def test_paged_matches_dense_to_1e_12_under_a_shuffled_table():
+    rng = np.random.default_rng(2)
+    seq_len, num_blocks = 61, 12
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM))
+    table = [9, 2, 11, 5]
+    k_cache, v_cache = scatter_sequence(k, v, table, num_blocks)
+    paged = impl.paged_attention(q, k_cache, v_cache, table, seq_len, BLOCK_SIZE)
+    np.testing.assert_allclose(paged, dense_attention(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_partial_tail_block_is_masked_by_poisoned_slots():
+    """seq_len 35 = 2 full blocks + 3 slots; the other 13 slots hold 1e6."""
+    rng = np.random.default_rng(3)
+    seq_len = 35
+    table = [3, 0, 5]
+    poisoned_slots = len(table) * BLOCK_SIZE - seq_len
+    assert poisoned_slots == 13
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM))
+    k_cache, v_cache = scatter_sequence(k, v, table, num_blocks=6, fill=1e6)
+    assert (k_cache[5, 3:] == 1e6).all() and k_cache[5, 3:].shape[0] == 13
+    paged = impl.paged_attention(q, k_cache, v_cache, table, seq_len, BLOCK_SIZE)
+    assert np.isfinite(paged).all()
+    np.testing.assert_allclose(paged, dense_attention(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_indirection_is_the_identity_for_two_physical_layouts():
+    rng = np.random.default_rng(4)
+    seq_len = 45
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM))
+    outs = []
+    for table in ([0, 1, 2], [9, 4, 6]):
+        k_cache, v_cache = scatter_sequence(k, v, table, num_blocks=10, fill=-7.0)
+        outs.append(impl.paged_attention(q, k_cache, v_cache, table, seq_len, BLOCK_SIZE))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_query_heads_share_kv_heads_in_groups():
+    """GQA: 4 query heads over 2 KV heads -> heads 0,1 read KV head 0; 2,3 read 1."""
+    rng = np.random.default_rng(5)
+    seq_len = 20
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    q = np.repeat(rng.standard_normal((1, DIM)), HEADS, axis=0)
+    k_cache, v_cache = scatter_sequence(k, v, [2, 0], num_blocks=3)
+    out = impl.paged_attention(q, k_cache, v_cache, [2, 0], seq_len, BLOCK_SIZE)
+    np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_array_equal(out[2], out[3])
+    assert not np.allclose(out[0], out[2])
+
+
+def test_decode_loop_writes_one_slot_per_step_and_stays_exact():
+    """Prefill 20 tokens in chunks of 8, then decode 10 tokens one slot at a time."""
+    rng = np.random.default_rng(6)
+    total = 30
+    k = rng.standard_normal((total, KV_HEADS, DIM))
+    v = rng.standard_normal((total, KV_HEADS, DIM))
+    table = [4, 1]
+    shape = (5, BLOCK_SIZE, KV_HEADS, DIM)
+    k_cache, v_cache = np.full(shape, 1e6), np.full(shape, 1e6)
+    for start in range(0, 20, 8):
+        n = min(8, 20 - start)
+        slots = impl.build_slot_mapping(table, BLOCK_SIZE, start, n)
+        impl.write_kv(k_cache, v_cache, slots, k[start : start + n], v[start : start + n])
+    for pos in range(20, total):
+        slots = impl.build_slot_mapping(table, BLOCK_SIZE, pos, 1)
+        assert len(slots) == 1
+        impl.write_kv(k_cache, v_cache, slots, k[pos : pos + 1], v[pos : pos + 1])
+        q = rng.standard_normal((HEADS, DIM))
+        got = impl.paged_attention(q, k_cache, v_cache, table, pos + 1, BLOCK_SIZE)
+        want = dense_attention(q, k[: pos + 1], v[: pos + 1])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_write_kv_rejects_mismatched_rows():
+    k_cache = np.zeros((2, 4, 1, 2))
+    v_cache = np.zeros((2, 4, 1, 2))
+    with pytest.raises(ValueError, match="slot_mapping"):
+        impl.write_kv(k_cache, v_cache, np.array([0, 1]), np.ones((3, 1, 2)), np.ones((3, 1, 2)))
+    with pytest.raises(ValueError, match="slot_mapping"):
+        impl.write_kv(k_cache, v_cache, np.array([8]), np.ones((1, 1, 2)), np.ones((1, 1, 2)))
