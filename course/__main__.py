@@ -8,6 +8,7 @@
 Exit status: 0 all good, 1 the check found problems (listed on stdout),
 2 bad input or environment (one line on stderr, no traceback).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     labs.add_argument(
         "--lab", action="append", default=[], metavar="PATH", help="check only this lab folder"
     )
-    labs.add_argument(
-        "--static", action="store_true", help="only the static checks (no test runs)"
-    )
+    labs.add_argument("--static", action="store_true", help="only the static checks (no test runs)")
 
     book = sub.add_parser(
         "book",

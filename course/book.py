@@ -33,6 +33,7 @@
 
 Problems print as ``page.html: href: why`` (or ``page.md:LINE: why``); exit 1.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -96,9 +97,7 @@ class Plan:
 
 def _walk_files(base: pathlib.Path):
     for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")
-        )
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
         for name in sorted(filenames):
             yield pathlib.Path(dirpath, name)
 
@@ -136,11 +135,7 @@ def make_plan(root: pathlib.Path) -> Plan:
     engine: list[Chapter] = []
     mini = root / "mini_vllm"
     if mini.is_dir():
-        rest = [
-            p.relative_to(root).as_posix()
-            for p in _walk_files(mini)
-            if p.suffix == ".md"
-        ]
+        rest = [p.relative_to(root).as_posix() for p in _walk_files(mini) if p.suffix == ".md"]
         head = [f"mini_vllm/{d}" for d in ENGINE_DOCS if exists(f"mini_vllm/{d}")]
         children = [chapter(r) for r in head[1:] + [r for r in rest if r not in head]]
         if head and head[0] == "mini_vllm/README.md":
@@ -153,9 +148,7 @@ def make_plan(root: pathlib.Path) -> Plan:
     reference = [chapter(r) for r in REFERENCE_DOCS if exists(r)]
     known = {"README.md", *START_DOCS, *REFERENCE_DOCS}
     reference += [
-        chapter(p.name)
-        for p in sorted(root.glob("*.md"))
-        if p.name not in known and p.is_file()
+        chapter(p.name) for p in sorted(root.glob("*.md")) if p.name not in known and p.is_file()
     ]
     parts = [
         ("Getting started", start),
@@ -248,8 +241,18 @@ def _publishable_pngs(root: pathlib.Path) -> set[str] | None:
     if not shutil.which("git") or not (root / ".git").exists():
         return None
     proc = subprocess.run(
-        ["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard",
-         "-z", "--", "*.png"],
+        [
+            "git",
+            "-C",
+            str(root),
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "-z",
+            "--",
+            "*.png",
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -352,9 +355,16 @@ def build(root: pathlib.Path, src: pathlib.Path, out: pathlib.Path) -> list[str]
 # ---------------------------------------------------------------------------
 
 LINK_ATTRS = {
-    "a": "href", "link": "href", "area": "href",
-    "img": "src", "script": "src", "iframe": "src", "source": "src",
-    "embed": "src", "audio": "src", "video": "src",
+    "a": "href",
+    "link": "href",
+    "area": "href",
+    "img": "src",
+    "script": "src",
+    "iframe": "src",
+    "source": "src",
+    "embed": "src",
+    "audio": "src",
+    "video": "src",
 }
 EXTERNAL = ("http://", "https://", "mailto:", "data:", "javascript:", "tel:", "//")
 

@@ -17,6 +17,7 @@ code blocks are not checked, and neither is a span that starts with a backtick
 Broken citations print as ``doc.md:LINE: path:line Symbol: why``; the command
 exits 1 when there is any, and ends with a table of citations per deep-dive.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,7 +74,7 @@ def code_spans(text: str) -> Iterator[tuple[int, str]]:
                 continue
         else:
             if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence):
-                if not line.strip()[len(match.group(1)):].strip():
+                if not line.strip()[len(match.group(1)) :].strip():
                     fence = None
             continue
         for span in CODE_SPAN_RE.finditer(line):
@@ -202,9 +203,7 @@ def _rel(path: pathlib.Path, root: pathlib.Path) -> str:
 
 
 def format_report(report: Report, root: pathlib.Path) -> list[str]:
-    out = [
-        f"{_rel(c.doc, root)}:{c.line}: {c.text}: {why}" for c, why in report.broken
-    ]
+    out = [f"{_rel(c.doc, root)}:{c.line}: {c.text}: {why}" for c, why in report.broken]
     if report.per_deep_dive:
         width = max(len(_rel(d, root)) for d in report.per_deep_dive)
         out.append("")
@@ -213,8 +212,7 @@ def format_report(report: Report, root: pathlib.Path) -> list[str]:
             out.append(f"{_rel(doc, root):<{width}}  {count:>9}  {bad:>6}")
     out.append("")
     out.append(
-        f"{report.checked} citations in {report.files} markdown files; "
-        f"{len(report.broken)} broken"
+        f"{report.checked} citations in {report.files} markdown files; {len(report.broken)} broken"
     )
     return out
 

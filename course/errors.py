@@ -3,6 +3,7 @@
 The command line turns a ``CourseError`` into a single line on stderr and exit
 status 2, never a traceback.
 """
+
 from __future__ import annotations
 
 

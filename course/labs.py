@@ -29,6 +29,7 @@ A lab folder is ``phase-*/labs/lab-*/``. For each one the checker verifies:
 It prints a table (lab, tag, tests, solution, starter), then every violation as
 ``lab: problem``, and exits 1 if there is any.
 """
+
 from __future__ import annotations
 
 import ast
@@ -330,7 +331,9 @@ def _lab_of(file_attr: str, root: pathlib.Path, labs: list[pathlib.Path]) -> pat
     return None
 
 
-def _classname_lab(classname: str, root: pathlib.Path, labs: list[pathlib.Path]) -> pathlib.Path | None:
+def _classname_lab(
+    classname: str, root: pathlib.Path, labs: list[pathlib.Path]
+) -> pathlib.Path | None:
     for lab in labs:
         dotted = lab.resolve().relative_to(root.resolve()).as_posix().replace("/", ".")
         if classname == dotted or classname.startswith(dotted + "."):
@@ -377,12 +380,24 @@ def run_pytest(
 ) -> subprocess.Popen[str]:
     env = dict(os.environ, LAB_IMPL=impl, PYTHONDONTWRITEBYTECODE="1")
     cmd = [
-        sys.executable, "-m", "pytest",
+        sys.executable,
+        "-m",
+        "pytest",
         *[str(lab) for lab in labs],
-        "-q", "-p", "no:cacheprovider", "--import-mode=importlib", f"--rootdir={root}",
-        "-m", "not gpu", "--continue-on-collection-errors",
-        f"--junitxml={xml_path}", "-o", "junit_family=xunit1",
-        "-o", "junit_logging=no", "--tb=short",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--import-mode=importlib",
+        f"--rootdir={root}",
+        "-m",
+        "not gpu",
+        "--continue-on-collection-errors",
+        f"--junitxml={xml_path}",
+        "-o",
+        "junit_family=xunit1",
+        "-o",
+        "junit_logging=no",
+        "--tb=short",
     ]
     return subprocess.Popen(
         cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -465,7 +480,9 @@ def judge_starter(result: LabResult, run: Run) -> None:
         return
     outcomes = run.cases.get(lab, [])
     ran = [o for o in outcomes if o.status != "skipped"]
-    by_nie = [o for o in ran if o.status in ("failed", "error") and "NotImplementedError" in o.message]
+    by_nie = [
+        o for o in ran if o.status in ("failed", "error") and "NotImplementedError" in o.message
+    ]
     passed = [o for o in ran if o.status == "passed"]
     other = [o for o in ran if o.status in ("failed", "error") and o not in by_nie]
     parts = [f"{len(by_nie)} NotImplementedError"]
@@ -482,7 +499,9 @@ def judge_starter(result: LabResult, run: Run) -> None:
         )
 
 
-def check_labs(root: pathlib.Path, labs: list[pathlib.Path], run_tests: bool = True) -> list[LabResult]:
+def check_labs(
+    root: pathlib.Path, labs: list[pathlib.Path], run_tests: bool = True
+) -> list[LabResult]:
     results = [LabResult(lab, read_tag(lab / "README.md") or "?") for lab in labs]
     for result in results:
         result.problems.extend(static_problems(result.lab))
@@ -506,13 +525,17 @@ def format_table(results: list[LabResult], root: pathlib.Path) -> list[str]:
     rows = [("lab", "tag", "tests", "solution", "starter")]
     rows += [(rel(r.lab), r.tag, r.tests, r.solution, r.starter) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     problems = [f"{rel(r.lab)}: {p}" for r in results for p in r.problems]
     if problems:
         lines += ["", *problems]
     bad = sum(1 for r in results if r.problems)
-    lines += ["", f"{len(results)} labs checked; {bad} with contract violations"]
+    noun = "lab" if len(results) == 1 else "labs"
+    lines += ["", f"{len(results)} {noun} checked; {bad} with contract violations"]
     return lines
 
 

@@ -15,6 +15,7 @@ tree at another version is refused with a clear message instead of being mixed
 with the pinned one. A tree that was unpacked by hand (no marker) is accepted when
 its ``PKG-INFO`` or ``vllm/_version.py`` says it is the pinned version.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -216,8 +217,17 @@ def clone(dest: pathlib.Path, pin: Pin, timeout: float = 1800) -> None:
     try:
         try:
             proc = subprocess.run(
-                ["git", "clone", "--quiet", "--depth", "1", "--branch", pin.tag,
-                 pin.git_url, str(target)],
+                [
+                    "git",
+                    "clone",
+                    "--quiet",
+                    "--depth",
+                    "1",
+                    "--branch",
+                    pin.tag,
+                    pin.git_url,
+                    str(target),
+                ],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -277,7 +287,9 @@ def fetch(
         log(f"unpacking into {dest} ...")
         extract_archive(archive_path, dest, pin)
         write_marker(dest, pin, f"archive {archive_path.name} (sha256 verified)")
-        return f"{dest.name}/ now holds vLLM {pin.version} (from {archive_path.name}, sha256 verified)"
+        return (
+            f"{dest.name}/ now holds vLLM {pin.version} (from {archive_path.name}, sha256 verified)"
+        )
 
     log(f"cloning {pin.git_url} at {pin.tag} into {dest} ...")
     clone(dest, pin)

@@ -204,8 +204,9 @@ class BlockPool:
 
         upstream: vllm/v1/core/block_pool.py:333 BlockPool.get_new_blocks
         """
-        if num_blocks > self.get_num_free_blocks():
-            raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
+        free = self.free_block_queue.num_free_blocks
+        if num_blocks > free:
+            raise ValueError(f"asked for {num_blocks} blocks but only {free} are free")
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
             if self.enable_caching:

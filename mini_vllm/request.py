@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass, field
 
 from mini_vllm.sampling_params import SamplingParams
-from mini_vllm.tokenizer import ByteTokenizer
+from mini_vllm.tokenizer import ByteTokenizer, HFTokenizer
 
 
 class RequestStatus(enum.IntEnum):
@@ -79,7 +79,7 @@ class Request:
         eos_token_id: int | None,
         arrival_time: float = 0.0,
         priority: int = 0,
-        tokenizer=None,
+        tokenizer: ByteTokenizer | HFTokenizer | None = None,
     ) -> None:
         self.request_id = request_id
         self.sampling_params = sampling_params

@@ -114,9 +114,9 @@ class Scheduler:
         token_budget = self.max_num_batched_tokens
 
         # Pass 1: RUNNING. upstream: vllm/v1/core/sched/scheduler.py:441-474 preempted_req
-        req_index = 0
-        while req_index < len(self.running) and token_budget > 0:
-            request = self.running[req_index]
+        i = 0
+        while token_budget > 0 and i < len(self.running):
+            request = self.running[i]
             num_new = self._clamp_new_tokens(
                 request.num_tokens - request.num_computed_tokens, token_budget
             )
@@ -131,7 +131,7 @@ class Scheduler:
             out.scheduled_running_reqs.append(request)
             out.num_scheduled_tokens[request.request_id] = num_new
             token_budget -= num_new
-            req_index += 1
+            i += 1
 
         # Pass 2: WAITING. upstream: vllm/v1/core/sched/scheduler.py:545 preempted_reqs
         while (

@@ -1,4 +1,5 @@
 """Shared helpers for the tests of the course tooling: small trees in tmp_path."""
+
 from __future__ import annotations
 
 import pathlib

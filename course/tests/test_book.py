@@ -1,4 +1,5 @@
 """The book: assembly, the mdBook build and the link checker, on a fixture repository."""
+
 from __future__ import annotations
 
 import pathlib
@@ -81,7 +82,10 @@ def test_plan_orders_pages_and_takes_titles_from_first_headings(repo):
     assert [p.title for p in phases] == ["Phase 00 — Foundations", "Phase 01 — architecture"]
     assert phases[1].path is None  # no guide yet: a draft chapter holds its pages
     summary = book.summary_text(plan)
-    assert "    - [Lab 00-01 — KV cache \\[CPU-OK\\]](phase-00-foundations/labs/lab-01-kv/README.md)" in summary
+    assert (
+        "    - [Lab 00-01 — KV cache \\[CPU-OK\\]](phase-00-foundations/labs/lab-01-kv/README.md)"
+        in summary
+    )
 
 
 def test_good_fixture_builds_with_no_problems_and_publishes_nothing_private(repo, capsys):
@@ -105,14 +109,24 @@ def test_broken_link_anchor_and_upstream_link_are_reported(repo, capsys):
     assert book.run(repo) == 1
     lines = capsys.readouterr().out.splitlines()
     page = "phase-00-foundations/00-guide.html"
-    assert f"{page}: 02-mini-build.html: no such page in the site (is the .md file part of the book?)" in lines
-    assert f"{page}: ../GLOSSARY.html#no-such-term: no anchor #no-such-term in GLOSSARY.html" in lines
-    assert f"{page}: ../upstream/vllm/x.py: points into upstream/, which is not published (cite it instead)" in lines
+    assert (
+        f"{page}: 02-mini-build.html: no such page in the site (is the .md file part of the book?)"
+        in lines
+    )
+    assert (
+        f"{page}: ../GLOSSARY.html#no-such-term: no anchor #no-such-term in GLOSSARY.html" in lines
+    )
+    assert (
+        f"{page}: ../upstream/vllm/x.py: points into upstream/, which is not published (cite it instead)"
+        in lines
+    )
     assert lines[-1] == "3 problems"
 
 
 def test_unlabelled_and_mermaid_fences_are_reported(repo, capsys):
-    (repo / "SETUP.md").write_text(f"{NAV}\n\n# Setup\n\n```\nplain\n```\n\n```mermaid\ngraph\n```\n")
+    (repo / "SETUP.md").write_text(
+        f"{NAV}\n\n# Setup\n\n```\nplain\n```\n\n```mermaid\ngraph\n```\n"
+    )
     assert book.run(repo) == 1
     lines = capsys.readouterr().out.splitlines()
     assert "SETUP.md:5: code fence without a language (```text)" in lines
@@ -143,16 +157,20 @@ def write_site(tree, tmp_path, pages: dict[str, str]) -> pathlib.Path:
 
 
 def test_link_checker_catches_broken_links_and_anchors(tree, tmp_path):
-    site = write_site(tree, tmp_path, {
-        "index.html": '<h1 id="top">Home</h1><a href="a/page.html#sec">ok</a>'
-                      '<a href="#top">self</a><a href="https://example.com/x">external</a>',
-        "a/page.html": '<h2 id="sec">S</h2><a href="../index.html#nope">bad anchor</a>'
-                       '<a href="gone.html">gone</a><img src="../img/p.svg">'
-                       '<a href="../../outside.html">out</a><a href="sub/">folder</a>'
-                       '<a href="#sec">self ok</a><a href="#missing">self bad</a>',
-        "img/p.svg": "<svg/>",
-        "a/sub/x.txt": "x",
-    })
+    site = write_site(
+        tree,
+        tmp_path,
+        {
+            "index.html": '<h1 id="top">Home</h1><a href="a/page.html#sec">ok</a>'
+            '<a href="#top">self</a><a href="https://example.com/x">external</a>',
+            "a/page.html": '<h2 id="sec">S</h2><a href="../index.html#nope">bad anchor</a>'
+            '<a href="gone.html">gone</a><img src="../img/p.svg">'
+            '<a href="../../outside.html">out</a><a href="sub/">folder</a>'
+            '<a href="#sec">self ok</a><a href="#missing">self bad</a>',
+            "img/p.svg": "<svg/>",
+            "a/sub/x.txt": "x",
+        },
+    )
     assert book.check_site(site) == [
         "a/page.html: ../index.html#nope: no anchor #nope in index.html",
         "a/page.html: gone.html: no such page in the site (is the .md file part of the book?)",
@@ -163,10 +181,14 @@ def test_link_checker_catches_broken_links_and_anchors(tree, tmp_path):
 
 
 def test_link_checker_passes_a_good_site_and_honours_base_href(tree, tmp_path):
-    site = write_site(tree, tmp_path, {
-        "index.html": '<a href="a/page.html#sec">to a</a><a href="a/">a folder</a>',
-        "a/index.html": '<a href="page.html">page</a>',
-        "a/page.html": '<p id="sec">S</p><a href="../index.html">home</a>',
-        "404.html": '<base href="/"><a href="a/page.html#sec">from 404</a>',
-    })
+    site = write_site(
+        tree,
+        tmp_path,
+        {
+            "index.html": '<a href="a/page.html#sec">to a</a><a href="a/">a folder</a>',
+            "a/index.html": '<a href="page.html">page</a>',
+            "a/page.html": '<p id="sec">S</p><a href="../index.html">home</a>',
+            "404.html": '<base href="/"><a href="a/page.html#sec">from 404</a>',
+        },
+    )
     assert book.check_site(site) == []

@@ -6,6 +6,7 @@ virtual-time budget runs the page's JavaScript) that the home page renders, the
 sidebar lists every phase that has pages, and mdBook's search, driven through its
 ``?search=`` URL parameter, finds "PagedAttention". Leaves a screenshot PNG.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -133,8 +134,12 @@ def test_home_page_renders_with_a_sidebar_listing_every_phase(site, tmp_path):
     with serve(out) as base:
         dom = dump_dom(tmp_path / "profile", f"{base}/index.html")
         shot = tmp_path / "home.png"
-        chromium(tmp_path / "profile-shot", "--virtual-time-budget=3000",
-                 f"--screenshot={shot}", f"{base}/index.html")
+        chromium(
+            tmp_path / "profile-shot",
+            "--virtual-time-budget=3000",
+            f"--screenshot={shot}",
+            f"{base}/index.html",
+        )
     assert "<title>" in dom and "vLLM Mastery" in dom
     assert 'id="mdbook-content"' in dom
     sidebar = links_in(dom, "mdbook-sidebar-scrollbox")

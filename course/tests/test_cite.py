@@ -1,4 +1,5 @@
 """The citation checker against a tiny fixture upstream/ tree."""
+
 from __future__ import annotations
 
 import pytest
@@ -59,21 +60,29 @@ def test_symbol_within_three_lines_is_accepted_and_four_away_is_not(tree):
         """,
     )
     assert broken_reasons(report) == [
-        (2, "vllm/v1/core/block_pool.py:6 get_new_blocks",
-         "get_new_blocks does not appear on lines 3-9"),
+        (
+            2,
+            "vllm/v1/core/block_pool.py:6 get_new_blocks",
+            "get_new_blocks does not appear on lines 3-9",
+        ),
     ]
 
 
 def test_missing_file_is_reported_with_its_location(tree):
     report = check(tree, "# T\n\nsee `vllm/v1/core/nope.py:3 Nope`\n")
-    assert broken_reasons(report) == [(3, "vllm/v1/core/nope.py:3 Nope", "no such file in upstream/")]
+    assert broken_reasons(report) == [
+        (3, "vllm/v1/core/nope.py:3 Nope", "no such file in upstream/")
+    ]
 
 
 def test_line_out_of_range_is_reported(tree):
     report = check(tree, "`vllm/v1/core/block_pool.py:12-40 BlockPool`\n")
     assert broken_reasons(report) == [
-        (1, "vllm/v1/core/block_pool.py:12-40 BlockPool",
-         "line 40 is past the end of the file (13 lines)"),
+        (
+            1,
+            "vllm/v1/core/block_pool.py:12-40 BlockPool",
+            "line 40 is past the end of the file (13 lines)",
+        ),
     ]
 
 

@@ -1,4 +1,5 @@
 """The lab-contract checker against fixture labs built in tmp_path."""
+
 from __future__ import annotations
 
 import ast
@@ -65,7 +66,7 @@ class Counter:
         raise NotImplementedError("Counter.bump")
 '''
 
-TESTS = '''
+TESTS = """
 from course import load_impl
 
 impl = load_impl(__file__)
@@ -77,7 +78,7 @@ def test_running_total_is_the_prefix_sum():
 
 def test_bump_adds_and_returns_the_new_value():
     assert impl.Counter(1).bump(2) == 3
-'''
+"""
 
 README = "[nav](../README.md)\n\n# Lab 00-0N — Running totals [CPU-OK]\n\nHook.\n"
 
@@ -105,24 +106,32 @@ def checked(tmp_path_factory, write_files):
         root,
         lab_files(
             "lab-02-starter-passes",
-            **{"test_lab.py": TESTS + "\n\ndef test_helper_doubles():\n"
-               "    assert impl.helper(3) == 6\n"},
+            **{
+                "test_lab.py": TESTS + "\n\ndef test_helper_doubles():\n"
+                "    assert impl.helper(3) == 6\n"
+            },
         ),
     )
     write_tree(
         root,
         lab_files(
             "lab-03-import-error",
-            **{"starter.py": STARTER.replace(
-                "SCALE = 2", "import no_such_module_for_the_fixture\n\nSCALE = 2")},
+            **{
+                "starter.py": STARTER.replace(
+                    "SCALE = 2", "import no_such_module_for_the_fixture\n\nSCALE = 2"
+                )
+            },
         ),
     )
     write_tree(
         root,
         lab_files(
             "lab-04-wrong-failure",
-            **{"starter.py": STARTER.replace(
-                'raise NotImplementedError("Counter.bump")', "return 0")},
+            **{
+                "starter.py": STARTER.replace(
+                    'raise NotImplementedError("Counter.bump")', "return 0"
+                )
+            },
         ),
     )
     found = labs.find_labs(root)
@@ -196,7 +205,9 @@ def test_api_mismatch_is_caught(tree):
         "def running_total(values: list[int]) -> list[int]:",
         "def running_total(values: list[int], start: int = 0) -> list[int]:",
     ).replace("SCALE = 2", "FACTOR = 2\nSCALE = 2\n")
-    starter = starter.replace("    def bump(self, by: int = 1) -> int:\n", "    def bump(self, by):\n")
+    starter = starter.replace(
+        "    def bump(self, by: int = 1) -> int:\n", "    def bump(self, by):\n"
+    )
     problems = static(tree, "lab-01-x", **{"starter.py": starter})
     assert problems == [
         "starter.py has FACTOR, which solution.py does not define",
@@ -279,12 +290,22 @@ def test_static_mode_exit_status(tree, capsys):
 def test_a_statement_shared_with_a_given_helper_is_not_a_leak(tree):
     """A check the solution repeats in a helper the learner is given weighs nothing."""
     guard = '    if not values:\n        raise ValueError(f"values must not be empty, got {values!r}")\n'
-    solution = SOLUTION.replace(
-        '    """Prefix sums of values."""\n', '    """Prefix sums of values."""\n' + guard
-    ) + "\n\ndef check(values):\n" + guard + "    return values\n"
-    starter = STARTER.replace(
-        '    out = []\n    raise NotImplementedError("running_total")',
-        guard + '    raise NotImplementedError("running_total")',
-    ) + "\n\ndef check(values):\n" + guard + "    return values\n"
+    solution = (
+        SOLUTION.replace(
+            '    """Prefix sums of values."""\n', '    """Prefix sums of values."""\n' + guard
+        )
+        + "\n\ndef check(values):\n"
+        + guard
+        + "    return values\n"
+    )
+    starter = (
+        STARTER.replace(
+            '    out = []\n    raise NotImplementedError("running_total")',
+            guard + '    raise NotImplementedError("running_total")',
+        )
+        + "\n\ndef check(values):\n"
+        + guard
+        + "    return values\n"
+    )
     problems = static(tree, "lab-01-x", **{"solution.py": solution, "starter.py": starter})
     assert problems == []

@@ -1,4 +1,5 @@
 """The lab loader (course.loader) and the LAB_IMPL switch of the root conftest."""
+
 from __future__ import annotations
 
 import os

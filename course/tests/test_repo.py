@@ -3,6 +3,7 @@
 The full lab contract (running every lab with the solution and the starter) is
 `python -m course labs`, a CI step; here only its static part runs.
 """
+
 from __future__ import annotations
 
 import pathlib

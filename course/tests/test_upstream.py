@@ -1,4 +1,5 @@
 """``python -m course upstream`` against fixture archives and a local git repository."""
+
 from __future__ import annotations
 
 import hashlib
@@ -116,7 +117,10 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def _git(*args: str, cwd: pathlib.Path) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=cwd, capture_output=True, text=True, check=True,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
 
 

@@ -23,10 +23,12 @@ Two operations, and nothing else, touch the cache:
    do this on a GPU from the same metadata.
 
 Because the K/V of this step are written *before* they are read, a chunk
-attends to its cached prefix and to itself with one gather. Slots that no
-block table reaches (free blocks, the tail of a partly filled block, the null
-block 0 used as padding) are never read: the tests fill them with huge
-numbers and check the output does not move.
+attends to its cached prefix and to itself with one gather. Requests with the
+same number of query rows (all the decodes of a step, above all) are stacked
+into one call, their keys padded to the longest; the padding, like the tail
+of a partly filled block and the null block 0, is zeroed by ``gather_kv`` and
+hidden by the causal mask, so no stale slot reaches the output. The tests
+fill every unwritten slot with 1e30 and with NaN and check nothing moves.
 
 upstream: vllm/_custom_ops.py:2591 reshape_and_cache_flash
 upstream: vllm/v1/attention/backends/flash_attn.py:667 FlashAttentionImpl.forward
@@ -48,41 +50,53 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache.reshape(num_blocks * block_size, kv_heads, head_dim)[slot_mapping] = v
 
 
-def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.ndarray:
-    """The first ``seq_len`` tokens of one request, in order: [seq_len, kv_heads, head_dim]."""
+def gather_kv(cache: np.ndarray, block_tables: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
+    """The first ``seq_lens[b]`` tokens of each request b, read through its block table.
+
+    Returns [B, L, kv_heads, head_dim] with L = max(seq_lens). Whole blocks are
+    copied (``cache[block_tables]``), then rows at or past a request's own
+    seq_len are zeroed, so nothing that sits in those slots can leak out.
+    """
     block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    rows = cache[block_table[:num_blocks]]  # [n, block_size, kv_heads, head_dim]
-    return rows.reshape(num_blocks * block_size, *cache.shape[2:])[:seq_len]
+    max_len = int(seq_lens.max())
+    num_blocks = -(-max_len // block_size)
+    rows = cache[block_tables[:, :num_blocks]]  # a copy: [B, n, block_size, kv_heads, hd]
+    rows = rows.reshape(len(block_tables), num_blocks * block_size, *cache.shape[2:])[:, :max_len]
+    rows[np.arange(max_len)[None, :] >= seq_lens[:, None]] = 0
+    return rows
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray,
            scale: float) -> np.ndarray:
-    """Causal grouped-query attention of M query rows over the L keys of one sequence.
+    """Causal grouped-query attention for B requests of M query rows each.
 
-    q: [M, num_heads, head_dim]; k, v: [L, kv_heads, head_dim], key ``j`` at
-    position ``j``; q_positions: [M]. Query head ``h`` reads kv head
-    ``h // (num_heads // kv_heads)``. Returns [M, num_heads, head_dim].
+    q: [B, M, num_heads, head_dim]; k, v: [B, L, kv_heads, head_dim], key ``j``
+    at position ``j``; q_positions: [B, M]. Query head ``h`` reads kv head
+    ``h // (num_heads // kv_heads)``. A key is visible iff its position is
+    ``<=`` the query's, which also hides the zero padding past each seq_len.
+    Returns [B, M, num_heads, head_dim].
     """
-    m, num_heads, head_dim = q.shape
-    seq_len, kv_heads, _ = k.shape
+    b, m, num_heads, head_dim = q.shape
+    seq_len, kv_heads = k.shape[1], k.shape[2]
     group = num_heads // kv_heads
-    # [kv_heads, group * M, head_dim]: the `group` query heads that share a kv
-    # head are stacked so one matmul per kv head serves all of them.
-    qg = q.reshape(m, kv_heads, group, head_dim).transpose(1, 2, 0, 3)
-    qg = qg.reshape(kv_heads, group * m, head_dim)
-    scores = (qg @ k.transpose(1, 2, 0)) * np.float32(scale)  # [kv_heads, group*M, L]
-    scores = scores.reshape(kv_heads, group, m, seq_len)
-    future = np.arange(seq_len)[None, :] > q_positions[:, None]  # [M, L]
-    scores[:, :, future] = -np.inf
-    # Stable softmax: subtract the row max. Every row keeps its own key, so the
+    # [B, kv_heads, group * M, head_dim]: the `group` query heads that share a
+    # kv head are stacked so one matmul per kv head serves all of them.
+    qg = q.reshape(b, m, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    qg = qg.reshape(b, kv_heads, group * m, head_dim)
+    # k.transpose(0, 2, 3, 1) is a view [B, kv_heads, head_dim, L]: each head's
+    # matrix is strided but BLAS-compatible, so no copy is made.
+    scores = (qg @ k.transpose(0, 2, 3, 1)) * np.float32(scale)  # [B, kv, group*M, L]
+    scores = scores.reshape(b, kv_heads, group, m, seq_len)
+    future = np.arange(seq_len)[None, None, :] > q_positions[:, :, None]  # [B, M, L]
+    scores = np.where(future[:, None, None], np.float32(-np.inf), scores)
+    # Stable softmax: subtract the row max. Every row sees its own key, so the
     # max is finite and no row is all -inf.
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
-    out = probs.reshape(kv_heads, group * m, seq_len) @ v.transpose(1, 0, 2)
-    return out.reshape(kv_heads, group, m, head_dim).transpose(2, 0, 1, 3).reshape(
-        m, num_heads, head_dim)
+    out = probs.reshape(b, kv_heads, group * m, seq_len) @ v.transpose(0, 2, 1, 3)
+    out = out.reshape(b, kv_heads, group, m, head_dim).transpose(0, 3, 1, 2, 4)
+    return out.reshape(b, m, num_heads, head_dim)
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -90,18 +104,22 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     """Attention for every row of a mixed batch. q: [T, num_heads, head_dim] -> same shape.
 
     The K/V of this step must already be in the cache (``write_kv`` first).
+    Requests with the same number of query rows are stacked into one ``attend``
+    call: all the decodes of a step (M = 1) go together, each prefill chunk of
+    a distinct length goes alone. Grouping changes speed, not the math.
     """
     out = np.empty_like(q)
     qsl = model_input.query_start_loc
-    for b in range(model_input.num_reqs):
-        start, end = int(qsl[b]), int(qsl[b + 1])
-        if start == end:
-            continue
-        seq_len = int(model_input.seq_lens[b])
-        table = model_input.block_tables[b]
-        k = gather_kv(k_cache, table, seq_len)
-        v = gather_kv(v_cache, table, seq_len)
-        out[start:end] = attend(q[start:end], k, v, model_input.positions[start:end], scale)
+    num_rows = np.diff(qsl)
+    for m in np.unique(num_rows[num_rows > 0]):
+        reqs = np.flatnonzero(num_rows == m)
+        rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()  # [len(reqs) * m]
+        seq_lens = model_input.seq_lens[reqs]
+        k = gather_kv(k_cache, model_input.block_tables[reqs], seq_lens)
+        v = gather_kv(v_cache, model_input.block_tables[reqs], seq_lens)
+        qb = q[rows].reshape(len(reqs), m, *q.shape[1:])
+        pos = model_input.positions[rows].reshape(len(reqs), m)
+        out[rows] = attend(qb, k, v, pos, scale).reshape(len(rows), *q.shape[1:])
     return out
 
 

@@ -84,6 +84,39 @@ class ModelConfig:
             raise bad("rope_scaling", f"type {rope_type!r} is not supported "
                       f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
 
+    def to_hf_dict(self) -> dict:
+        """A config.json that transformers reads back as the same model."""
+        arch = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}[self.architecture]
+        if self.architecture == "qwen2" and (self.o_bias or self.mlp_bias or not self.qkv_bias):
+            raise ModelConfigError("config: a qwen2 model has q/k/v biases and no other bias")
+        if self.architecture == "llama" and self.qkv_bias != self.o_bias:
+            raise ModelConfigError("config: llama's attention_bias covers q/k/v and o together")
+        d = {
+            "architectures": [arch],
+            "model_type": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "eos_token_id": self.eos_token_id,
+            "bos_token_id": self.bos_token_id,
+            "torch_dtype": "float32",
+        }
+        if self.rope_scaling.get("rope_type", "default") != "default":
+            d["rope_scaling"] = dict(self.rope_scaling)
+        if self.architecture == "llama":
+            d["attention_bias"] = self.qkv_bias
+            d["mlp_bias"] = self.mlp_bias
+        return d
+
     @classmethod
     def from_hf(cls, path: str | pathlib.Path) -> ModelConfig:
         """Parse a Hugging Face config.json (a file, or a folder holding one)."""
@@ -103,7 +136,7 @@ class ModelConfig:
         archs = d.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES),
                       None)
-        if family is None:
+        if family is None and not archs:  # older files may name only the model_type
             family = {"llama": "llama", "qwen2": "qwen2"}.get(d.get("model_type", ""))
         if family is None:
             what = ", ".join(archs) or f"model_type {d.get('model_type')!r}"

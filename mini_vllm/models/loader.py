@@ -9,36 +9,35 @@ a JSON header ``{name: {dtype, shape, data_offsets}}``, then raw bytes. That is
 all the format is, and reading it ourselves lets bfloat16 checkpoints load into
 numpy (which has no bfloat16): a bf16 number is the top 16 bits of a float32.
 
-Name mapping (HF name -> mini_vllm ``Weights``; ``{i}`` is the layer index;
-HF stores a linear layer as ``[out, in]``, mini_vllm as ``[in, out]``, hence
-the transposes):
+Name mapping. ``L{i}`` abbreviates ``model.layers.{i}``; HF stores a linear
+layer as ``[out, in]`` and mini_vllm as ``[in, out]``, so every ``*_proj``
+weight is transposed on the way in::
 
-==============================================  =====================================
-Hugging Face parameter                          mini_vllm
-==============================================  =====================================
-``model.embed_tokens.weight``  [V, H]           ``embed_tokens``  [V, H]
-``model.layers.{i}.input_layernorm.weight``     ``layers[i].input_norm``
-``model.layers.{i}.self_attn.q_proj.weight``    ``layers[i].qkv_proj[:, :Q]``  (transposed)
-``model.layers.{i}.self_attn.k_proj.weight``    ``layers[i].qkv_proj[:, Q:Q+KV]``
-``model.layers.{i}.self_attn.v_proj.weight``    ``layers[i].qkv_proj[:, Q+KV:]``
-``model.layers.{i}.self_attn.{q,k,v}_proj.bias``  ``layers[i].qkv_bias`` (same slices)
-``model.layers.{i}.self_attn.o_proj.weight``    ``layers[i].o_proj``  (transposed)
-``model.layers.{i}.self_attn.o_proj.bias``      ``layers[i].o_bias`` (Llama attention_bias)
-``model.layers.{i}.post_attention_layernorm.weight``  ``layers[i].post_norm``
-``model.layers.{i}.mlp.gate_proj.weight``       ``layers[i].gate_up_proj[:, :F]``  (transposed)
-``model.layers.{i}.mlp.up_proj.weight``         ``layers[i].gate_up_proj[:, F:]``
-``model.layers.{i}.mlp.{gate,up}_proj.bias``    ``layers[i].gate_up_bias`` (Llama mlp_bias)
-``model.layers.{i}.mlp.down_proj.weight``       ``layers[i].down_proj``  (transposed)
-``model.layers.{i}.mlp.down_proj.bias``         ``layers[i].down_bias`` (Llama mlp_bias)
-``model.norm.weight``                           ``norm``
-``lm_head.weight``  [V, H]                      ``lm_head``  [H, V]; ``embed_tokens.T`` when
-                                                ``tie_word_embeddings`` (then it may be absent)
-``*.rotary_emb.inv_freq`` (old checkpoints)     ignored: recomputed from the config
-==============================================  =====================================
+    Hugging Face parameter                      mini_vllm Weights
+    ------------------------------------------  ------------------------------------
+    model.embed_tokens.weight          [V, H]   embed_tokens               [V, H]
+    L{i}.input_layernorm.weight        [H]      layers[i].input_norm
+    L{i}.self_attn.q_proj.weight       [Q, H]   layers[i].qkv_proj[:, :Q]
+    L{i}.self_attn.k_proj.weight       [KV, H]  layers[i].qkv_proj[:, Q:Q+KV]
+    L{i}.self_attn.v_proj.weight       [KV, H]  layers[i].qkv_proj[:, Q+KV:]
+    L{i}.self_attn.{q,k,v}_proj.bias            layers[i].qkv_bias (same slices; Qwen2,
+                                                  or Llama with attention_bias)
+    L{i}.self_attn.o_proj.weight       [H, Q]   layers[i].o_proj           [Q, H]
+    L{i}.self_attn.o_proj.bias         [H]      layers[i].o_bias (Llama attention_bias)
+    L{i}.post_attention_layernorm.weight        layers[i].post_norm
+    L{i}.mlp.gate_proj.weight          [F, H]   layers[i].gate_up_proj[:, :F]
+    L{i}.mlp.up_proj.weight            [F, H]   layers[i].gate_up_proj[:, F:]
+    L{i}.mlp.{gate,up}_proj.bias                layers[i].gate_up_bias (Llama mlp_bias)
+    L{i}.mlp.down_proj.weight          [H, F]   layers[i].down_proj        [F, H]
+    L{i}.mlp.down_proj.bias            [H]      layers[i].down_bias (Llama mlp_bias)
+    model.norm.weight                  [H]      norm
+    lm_head.weight                     [V, H]   lm_head [H, V]; embed_tokens.T when
+                                                  tie_word_embeddings (may be absent)
+    *.rotary_emb.inv_freq (old files)           ignored: recomputed from the config
 
-Q = heads * head_dim, KV = kv_heads * head_dim, F = intermediate_size. Fusing
-q/k/v and gate/up is what vLLM's ``stacked_params_mapping`` does in
-``load_weights``. Every failure (a missing file, a missing or unexpected
+V = vocab, H = hidden, Q = heads * head_dim, KV = kv_heads * head_dim,
+F = intermediate_size. Fusing q/k/v and gate/up is what vLLM's
+``stacked_params_mapping`` does in ``load_weights``. Every failure (a missing file, a missing or unexpected
 tensor, a wrong shape) is a one-line error naming the file or the parameter.
 
 upstream: vllm/model_executor/models/llama.py:436 LlamaModel.load_weights
@@ -116,15 +115,20 @@ _LAYER_PARAM = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 def load_weights(config: ModelConfig, tensors: dict[str, np.ndarray],
-                 origin: dict[str, str] | None = None) -> Weights:
-    """Map HF-named tensors onto ``Weights`` (table in the module docstring)."""
+                 origin: dict[str, str] | None = None, source: str = "the checkpoint") -> Weights:
+    """Map HF-named tensors onto ``Weights`` (table in the module docstring).
+
+    ``origin`` maps a tensor name to its file and ``source`` names the folder,
+    both only for error messages.
+    """
     origin = origin or {}
     c = config
     used: set[str] = set()
 
     def take(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in tensors:
-            raise WeightLoadError(f"missing parameter {name} (expected shape {list(shape)})")
+            raise WeightLoadError(f"missing parameter {name} in {source} "
+                                  f"(expected shape {list(shape)})")
         arr = tensors[name]
         if tuple(arr.shape) != shape:
             where = f" in {origin[name]}" if name in origin else ""
@@ -184,6 +188,60 @@ def load_weights(config: ModelConfig, tensors: dict[str, np.ndarray],
     return weights
 
 
+def to_hf_state_dict(config: ModelConfig, weights: Weights) -> dict[str, np.ndarray]:
+    """The inverse mapping: ``Weights`` under Hugging Face names, HF layouts ([out, in])."""
+    c = config
+    Q, KV, F = c.q_size, c.kv_size, c.intermediate_size
+    sd = {"model.embed_tokens.weight": weights.embed_tokens, "model.norm.weight": weights.norm}
+    if not c.tie_word_embeddings:
+        sd["lm_head.weight"] = weights.lm_head.T
+    for i, lw in enumerate(weights.layers):
+        p = f"model.layers.{i}"
+        a, m = p + ".self_attn", p + ".mlp"
+        sd[p + ".input_layernorm.weight"] = lw.input_norm
+        sd[p + ".post_attention_layernorm.weight"] = lw.post_norm
+        for name, lo, hi in (("q_proj", 0, Q), ("k_proj", Q, Q + KV), ("v_proj", Q + KV, Q + 2 * KV)):
+            sd[f"{a}.{name}.weight"] = lw.qkv_proj[:, lo:hi].T
+            if lw.qkv_bias is not None:
+                sd[f"{a}.{name}.bias"] = lw.qkv_bias[lo:hi]
+        sd[a + ".o_proj.weight"] = lw.o_proj.T
+        sd[m + ".gate_proj.weight"] = lw.gate_up_proj[:, :F].T
+        sd[m + ".up_proj.weight"] = lw.gate_up_proj[:, F:].T
+        sd[m + ".down_proj.weight"] = lw.down_proj.T
+        for key, b in ((a + ".o_proj.bias", lw.o_bias), (m + ".down_proj.bias", lw.down_bias)):
+            if b is not None:
+                sd[key] = b
+        if lw.gate_up_bias is not None:
+            sd[m + ".gate_proj.bias"] = lw.gate_up_bias[:F]
+            sd[m + ".up_proj.bias"] = lw.gate_up_bias[F:]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray]) -> None:
+    """Write float32 tensors in the safetensors layout ``read_safetensors`` parses."""
+    header, offset, blobs = {}, 0, []
+    for name, arr in tensors.items():
+        data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)  # the format pads the header to 8 bytes
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for data in blobs:
+            f.write(data)
+
+
+def save_checkpoint(folder: str | os.PathLike, config: ModelConfig, weights: Weights) -> None:
+    """A folder transformers and ``load_model`` both read: config.json + model.safetensors."""
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+    write_safetensors(folder / "model.safetensors", to_hf_state_dict(config, weights))
+
+
 def resolve_model_path(name_or_path: str) -> pathlib.Path:
     """A local folder as is; otherwise a hub id, downloaded with huggingface_hub."""
     path = pathlib.Path(name_or_path).expanduser()
@@ -210,6 +268,20 @@ def resolve_model_path(name_or_path: str) -> pathlib.Path:
     return pathlib.Path(local)
 
 
+class NoTokenizer:
+    """Stands in when a folder has no tokenizer.json: prompts must be token ids."""
+
+    def __init__(self, name: str, vocab_size: int, eos_token_id: int | None):
+        self.name, self.vocab_size, self.eos_token_id = name, vocab_size, eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        raise ValueError(f"{self.name} has no tokenizer.json: pass the prompt as "
+                         "{'prompt_token_ids': [...]} instead of text")
+
+    def decode(self, ids: list[int]) -> str:
+        return ""  # no vocabulary to decode with; the token ids are the output
+
+
 def load_model(name_or_path: str, max_model_len: int | None = None):
     """A ``LlamaForCausalLM`` from a local folder or a hub id, tokenizer.json included."""
     from mini_vllm.models.llama import LlamaForCausalLM
@@ -221,13 +293,14 @@ def load_model(name_or_path: str, max_model_len: int | None = None):
     if not config.eos_token_ids and gen.is_file():
         eos = json.loads(gen.read_text()).get("eos_token_id")
         if eos is not None:
-            config.eos_token_ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
+            config.eos_token_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
     tensors, origin = read_checkpoint(folder)
-    weights = load_weights(config, tensors, origin)
-    tokenizer = None
+    weights = load_weights(config, tensors, origin, source=str(folder))
     if (folder / "tokenizer.json").is_file():
         from mini_vllm.tokenizer import HFTokenizer
 
         tokenizer = HFTokenizer(str(folder), eos_token_id=config.eos_token_id)
+    else:
+        tokenizer = NoTokenizer(str(name_or_path), config.vocab_size, config.eos_token_id)
     return LlamaForCausalLM(config, weights, tokenizer=tokenizer, max_model_len=max_model_len,
                             name=str(name_or_path))

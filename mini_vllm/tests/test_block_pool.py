@@ -91,7 +91,7 @@ def test_pool_reserves_block_zero_as_the_null_block():
     assert _ids(got) == list(range(1, 11))  # never block 0
     assert all(b.ref_cnt == 1 for b in got)
     assert pool.get_num_free_blocks() == 0 and pool.get_usage() == 1.0
-    with pytest.raises(ValueError, match="cannot get 1 free blocks"):
+    with pytest.raises(ValueError, match="asked for 1 blocks but only 0 are free"):
         pool.get_new_blocks(1)
     pool.check_invariants()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mini_vllm import LLM, LLMEngine, SamplingParams, ToyModel
+from mini_vllm import LLM, LLMEngine, SamplingParams, ToyModel, prepare_inputs
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = ["the quick brown fox jumps over", "the quick brown cat", "hello", "the quick brown fox sleeps"]
@@ -227,3 +227,20 @@ def test_generate_returns_requests_in_prompt_order_even_when_they_finish_out_of_
     reqs = eng.generate(["a", "b"], [SamplingParams(max_tokens=9, temperature=0), SamplingParams(max_tokens=2, temperature=0)])
     assert [r.request_id for r in reqs] == ["req-0", "req-1"]
     assert [r.num_output_tokens for r in reqs] == [9, 2]
+
+
+def test_prepare_inputs_builds_the_flat_arrays_of_a_mixed_step(make_scheduler, make_request, run_step):
+    s = make_scheduler(block_size=4)
+    b = make_request(range(10, 17), request_id="B")  # 7 tokens: blocks 1, 2
+    s.add_request(b)
+    run_step(s, token=99)  # B prefilled and sampled 99: 8 tokens, 7 computed
+    s.add_request(make_request([1, 2, 3], request_id="A"))
+    out = s.schedule()  # B decodes position 7, A prefills positions 0..2
+    mi = prepare_inputs(out, s.kv_cache_manager)
+    assert mi.token_ids.tolist() == [99, 1, 2, 3]
+    assert mi.positions.tolist() == [7, 0, 1, 2]
+    assert mi.query_start_loc.tolist() == [0, 1, 4]
+    assert mi.seq_lens.tolist() == [8, 3]
+    assert mi.block_tables.tolist() == [[1, 2], [3, 0]]  # padded with the null block
+    assert mi.slot_mapping.tolist() == [2 * 4 + 3, 12, 13, 14]
+    assert mi.logits_indices.tolist() == [0, 3] and mi.block_size == 4

@@ -73,8 +73,13 @@ def test_write_then_gather_round_trips_through_a_shuffled_block_table():
     k = rng.standard_normal((10, 2, 8)).astype(np.float32)
     mi = make_model_input([Chunk([0] * 10, 0, table)], BLOCK)
     write_kv(cache_k, cache_v, k, -k, mi.slot_mapping)
-    np.testing.assert_array_equal(gather_kv(cache_k, np.array(table), 10), k)
-    np.testing.assert_array_equal(gather_kv(cache_v, np.array(table), 10), -k)
+    np.testing.assert_array_equal(gather_kv(cache_k, np.array([table]), np.array([10]))[0], k)
+    np.testing.assert_array_equal(gather_kv(cache_v, np.array([table]), np.array([10]))[0], -k)
+    # Two requests at once: the shorter one is zero-padded, not filled from its tail block.
+    both = gather_kv(cache_k, np.array([table, [3, 0, 0]]), np.array([10, 2]))
+    assert both.shape == (2, 10, 2, 8)
+    np.testing.assert_array_equal(both[1, :2], cache_k[3, :2])
+    assert not both[1, 2:].any()
     np.testing.assert_array_equal(cache_k[3, 1], k[5])  # token 5 -> block 3, offset 1
 
 

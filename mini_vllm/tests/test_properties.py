@@ -133,3 +133,47 @@ def test_free_queue_matches_a_reference_list_under_random_operations(ops, data):
             assert queue.popleft().block_id == model.pop(0)
         assert [b.block_id for b in queue.get_all_free_blocks()] == model
         assert queue.num_free_blocks == len(model)
+
+
+@SETTINGS
+@given(requests_st, knobs_st, st.lists(st.tuples(st.integers(1, 12), st.integers(0, 6)), max_size=3))
+def test_eos_stops_and_aborts_keep_the_books_straight(reqs, knobs, aborts):
+    from mini_vllm import ToyModel
+
+    work = [(p, SamplingParams(temperature=sp.temperature, top_k=sp.top_k, seed=sp.seed,
+                               max_tokens=sp.max_tokens)) for p, sp in _workload(reqs)]
+    bs = knobs["block_size"]
+    need = max(-(-(len(p["prompt_token_ids"]) + sp.max_tokens - 1) // bs) for p, sp in work)
+
+    def engine(**kw):
+        return LLMEngine(ToyModel(eos_bias=4.4), **kw)  # EOS wins ~10% of greedy picks
+
+    eng = engine(
+        block_size=bs, num_blocks=need + 1 + knobs["extra_blocks"],
+        max_num_batched_tokens=knobs["max_num_batched_tokens"], max_num_seqs=knobs["max_num_seqs"],
+        long_prefill_token_threshold=knobs["long_prefill_token_threshold"],
+        enable_caching=knobs["enable_caching"],
+    )
+    ids = [eng.add_request(p, sp) for p, sp in work]
+    aborted = {ids[i % len(ids)] for step, i in aborts}
+    abort_at = {step: ids[i % len(ids)] for step, i in aborts}
+    finished = []
+    while eng.has_unfinished_requests():
+        if eng.num_steps in abort_at:
+            eng.abort_request(abort_at[eng.num_steps])
+        finished += eng.step()
+        _check_step(eng, set(ids))
+    returned = {r.request_id for r in finished}
+    assert len(returned) == len(finished) and returned <= set(ids)
+    assert set(ids) - returned <= aborted  # only an aborted request may be missing
+    pool = eng.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1
+    ref = {r.request_id: r for r in engine(block_size=16, num_blocks=512).generate(
+        [p for p, _ in work], [sp for _, sp in work])}
+    for req in finished:  # a request that was not aborted ran exactly as in the reference
+        other = ref[req.request_id]
+        assert (req.output_token_ids, req.finish_reason) == (other.output_token_ids, other.finish_reason)
+        if req.finish_reason == "stop":
+            assert req.output_token_ids[-1] == 256
+        else:
+            assert req.num_output_tokens == req.max_tokens

@@ -130,3 +130,23 @@ def test_bad_arguments_are_rejected():
         impl.generate_no_cache(model, [], 3)
     with pytest.raises(ValueError, match="n_new"):
         impl.kv_rows_with_cache(3, 0)
+
+
+def test_mini_vllm_request_counters_follow_the_cached_formula():
+    # The real engine keeps the same books: after a prompt of P tokens and n
+    # generated ones, num_computed_tokens (tokens with K/V in the cache) is
+    # P + n - 1, one behind num_tokens, because the last token is never fed back.
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.sampling_params import SamplingParams
+
+    engine = LLMEngine(model="tiny-random", block_size=4, num_blocks=16)
+    engine.add_request({"prompt_token_ids": [104, 105, 32, 116, 104, 101, 114, 101]},
+                       SamplingParams(temperature=0.0, max_tokens=4))
+    request = engine.scheduler.waiting[0]
+    computed = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        computed.append((request.num_computed_tokens, request.num_tokens))
+    assert computed == [(8, 9), (9, 10), (10, 11), (11, 12)]
+    assert request.num_computed_tokens == impl.kv_rows_with_cache(8, 4)
+    assert impl.kv_rows_no_cache(8, 4) == 8 + 9 + 10 + 11

@@ -131,3 +131,16 @@ def test_going_further_capacity_question():
 def test_bad_input_names_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_formula_matches_what_mini_vllm_allocates():
+    # mini_vllm's tiny-random model: 2 layers, 2 KV heads, head_dim 16, float32 cache
+    from mini_vllm.models import get_model
+
+    model = get_model("tiny-random")
+    c = model.config
+    per_tok = impl.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 4)
+    assert per_tok == 512 == c.kv_bytes_per_token(4)
+    model.init_kv_cache(num_blocks=16, block_size=4)
+    assert model.kv_cache_bytes == 16 * 4 * per_tok == 32_768
+    assert impl.num_kv_blocks(model.kv_cache_bytes, per_tok, block_size=4) == 16

@@ -22,8 +22,15 @@ ANY_TEXT = st.lists(CODE_POINT, max_size=60).map(lambda cps: "".join(map(chr, cp
 
 
 @functools.cache
+def all_merges() -> tuple[tuple[int, int], ...]:
+    """Every merge the corpus allows (training stops when no pair is left)."""
+    return tuple(impl.train_bpe(CORPUS, 2000))
+
+
 def merges(vocab_size: int) -> tuple[tuple[int, int], ...]:
-    return tuple(impl.train_bpe(CORPUS, vocab_size))
+    # Training is greedy and deterministic, so a smaller vocabulary's merges are a
+    # prefix of a larger one's (test_merges_are_deterministic... checks it).
+    return all_merges()[: vocab_size - 256]
 
 
 def test_pair_counts_and_the_first_merge_of_aaabdaaabac():
@@ -45,13 +52,28 @@ def test_merges_are_deterministic_and_numbered_from_256():
     first = impl.train_bpe(CORPUS, 300)
     assert first == impl.train_bpe(CORPUS, 300)
     assert len(first) == 44
+    assert tuple(first) == all_merges()[:44]  # a bigger vocabulary only adds merges
     assert len(merges(512)) == 256
     table = impl.vocab_bytes(list(merges(512)))
     assert [table[256 + i] for i in range(3)] == [b" t", b"he", b" the"]
 
 
 def test_training_stops_when_the_corpus_runs_out_of_pairs():
-    assert len(impl.train_bpe(CORPUS, 2000)) == 793
+    assert len(all_merges()) == 793
+
+
+def test_guide_examples():
+    m = list(merges(512))
+    table = impl.vocab_bytes(m)
+    ids = impl.encode("The keeper counted the ships.", m)
+    assert len(b"The keeper counted the ships.") == 29 and len(ids) == 8
+    assert [table[i] for i in ids] == [
+        b"The", b" keeper", b" count", b"ed", b" the", b" ship", b"s", b"."
+    ]
+    # words the corpus never saw fall back to smaller pieces, down to single bytes
+    assert impl.encode("vLLM is fast", []) == [118, 76, 76, 77, 32, 105, 115, 32, 102, 97, 115, 116]
+    ids = impl.encode("vLLM is fast", m)
+    assert [table[i] for i in ids] == [b"v", b"L", b"L", b"M", b" is", b" f", b"a", b"st"]
 
 
 def test_encode_applies_merges_by_rank():

@@ -74,7 +74,7 @@ def summarize(events: list[Event], num_prompt_tokens: int) -> Summary:
             statuses.append(e.status)
     first_token_step = next(e.step for e in events if e.num_tokens > num_prompt_tokens)
     prefill = decode = 0
-    for before, after in zip(events, events[1:]):
+    for before, after in zip(events, events[1:], strict=False):
         if before.num_computed_tokens < num_prompt_tokens:
             prefill += 1
         elif after.num_computed_tokens - before.num_computed_tokens == 1:

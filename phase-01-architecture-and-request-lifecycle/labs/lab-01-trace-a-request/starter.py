@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from mini_vllm.engine import LLMEngine
 from mini_vllm.request import Request
-from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.sampling_params import SamplingParams  # noqa: F401  (you will need it)
 
 
 class Event(NamedTuple):

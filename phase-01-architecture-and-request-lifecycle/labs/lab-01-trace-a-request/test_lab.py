@@ -52,7 +52,7 @@ def test_counters_obey_the_catch_up_arithmetic():
     prompt, max_tokens = "counters", 6  # 8 tokens
     events = impl.trace_request(prompt, max_tokens=max_tokens)
     p = len(prompt)
-    for before, after in zip(events, events[1:]):
+    for before, after in zip(events, events[1:], strict=False):
         assert after.num_computed_tokens >= before.num_computed_tokens
         assert after.num_tokens >= before.num_tokens
         # Decode: one token's KV in, one token out.
@@ -85,12 +85,19 @@ def test_chunked_prefill_holds_num_tokens_until_the_last_chunk():
     assert summary.first_token_step == 5
     assert summary.num_steps == 8 == impl.expected_num_steps(10, 4, long_prefill_token_threshold=2)
     assert (summary.prefill_steps, summary.decode_steps) == (5, 3)
+    # The mini-build's self-check: threshold 3 -> chunks 3, 3, 3, 1; token 1 at step 4; 8 steps.
+    events = impl.trace_request("abcdefghij", max_tokens=5, long_prefill_token_threshold=3)
+    summary = impl.summarize(events, num_prompt_tokens=10)
+    assert (summary.first_token_step, summary.num_steps) == (4, 8)
 
 
 def test_a_budget_smaller_than_the_prompt_chunks_it_too():
     events = impl.trace_request("abcdefghij", max_tokens=3, max_num_batched_tokens=4)
     assert [e.num_computed_tokens for e in events[:4]] == [0, 4, 8, 10]
     assert events[-1].step == 5 == impl.expected_num_steps(10, 3, max_num_batched_tokens=4)
+    # The mini-build's REPL session: "hello" at budget 4 runs 4 + 1, then 3 tokens in 4 steps.
+    hello = impl.trace_request("hello", max_tokens=3, max_num_batched_tokens=4)
+    assert [(e.num_computed_tokens, e.num_tokens) for e in hello] == [(0, 5), (4, 5), (5, 6), (6, 7), (7, 8)]
 
 
 @settings(max_examples=25, deadline=None)

@@ -67,6 +67,7 @@ def test_illustrative_opt_125m_capacity_at_two_utilizations():
     assert half["available_kv_bytes"] == 10 * GiB
     assert (half["num_gpu_blocks"], half["kv_cache_tokens"]) == (18_204, 291_264)
     assert round(half["max_concurrency"], 2) == 142.22
+    assert f"{half['num_gpu_blocks'] * half['block_bytes_all_layers'] / GiB:.2f}" == "10.00"
     assert (high["num_gpu_blocks"], high["kv_cache_tokens"]) == (35_680, 570_880)
     # 0.9 / 0.5 = 1.8x the budget but 1.96x the blocks: the fixed costs do not scale
     assert round(high["num_gpu_blocks"] / half["num_gpu_blocks"], 2) == 1.96

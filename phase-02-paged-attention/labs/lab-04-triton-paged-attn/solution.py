@@ -298,8 +298,8 @@ def benchmark(
 
 
 def main() -> None:
-    seq_lens = [130, 17, 64]
-    inputs = make_paged_inputs(seq_lens, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
+    seq_lens = [130, 17, 1]
+    inputs = make_paged_inputs(seq_lens, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16)
     ref = paged_decode_torch(*inputs)
     out = paged_decode_attention(*inputs)
     tables = inputs[3]

@@ -53,6 +53,7 @@ def test_triton_kernel_matches_reference_with_ragged_lengths():
     seq_lens = [130, 17, 1]
     q, kc, vc, tables, lens = impl.make_paged_inputs(seq_lens, 2, 1, 16, block_size=16)
     assert -(-130 // 16) == 9 and 130 - 8 * 16 == 2
+    assert tables[0].tolist() == [14, 4, 3, 2, 12, 0, 13, 5, 1]  # the README's shuffled ids
     out = impl.paged_decode_attention(q, kc, vc, tables, lens)
     ref = impl.paged_decode_torch(q, kc, vc, tables, lens)
     assert torch.isfinite(out).all()  # poisoned 1e4 tail slots were never read

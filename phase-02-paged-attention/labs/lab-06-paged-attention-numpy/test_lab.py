@@ -158,3 +158,23 @@ def test_write_kv_rejects_mismatched_rows():
         impl.write_kv(k_cache, v_cache, np.array([0, 1]), np.ones((3, 1, 2)), np.ones((3, 1, 2)))
     with pytest.raises(ValueError, match="slot_mapping"):
         impl.write_kv(k_cache, v_cache, np.array([8]), np.ones((1, 1, 2)), np.ones((1, 1, 2)))
+
+
+def test_agrees_with_mini_vllm_attention_for_a_decode_row():
+    """mini_vllm/models/attention.py runs the same math for the real numpy model."""
+    from mini_vllm.models import attention as mini
+
+    rng = np.random.default_rng(7)
+    seq_len, table = 37, np.array([[8, 3, 6]])
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM))
+    k_cache, v_cache = scatter_sequence(k, v, table[0].tolist(), num_blocks=9, fill=1e6)
+    ours = impl.paged_attention(q, k_cache, v_cache, table[0].tolist(), seq_len, BLOCK_SIZE)
+    lens = np.array([seq_len])
+    theirs = mini.attend(q[None, None], mini.gather_kv(k_cache, table, lens),
+                         mini.gather_kv(v_cache, table, lens), np.array([[seq_len - 1]]),
+                         1.0 / np.sqrt(DIM))[0, 0]
+    # mini_vllm multiplies by np.float32(scale) (its model runs in float32), so the
+    # two agree to float32 rounding of the scale, not to 1e-12.
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-7)

@@ -26,6 +26,13 @@ def test_clamp_applies_threshold_then_budget_and_never_goes_negative():
     assert impl.clamp(3, 0, 0) == 0
 
 
+def test_a_4_token_prompt_schedules_4_then_1_then_1():
+    r = impl.Req("joke", 4, 3)
+    trace = impl.run_workload([(0, r)], roomy_kv(), 2048, 4)
+    assert [t.num_scheduled_tokens for t in trace] == [{"joke": 4}, {"joke": 1}, {"joke": 1}]
+    assert (r.num_tokens, r.num_computed_tokens, r.num_output_tokens) == (7, 6, 3)
+
+
 def test_budget_caps_total_tokens_8_plus_2_plus_0():
     waiting = deque(impl.Req(c, 8, 3) for c in "ABC")
     running = []

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mini_vllm.engine import LLMEngine
-from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.engine import LLMEngine  # noqa: F401  (used by the code you write)
+from mini_vllm.sampling_params import SamplingParams  # noqa: F401
 
 
 def _check(name: str, value: object, low: int) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mini_vllm.engine import LLMEngine
-from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.engine import LLMEngine  # noqa: F401  (used by the code you write)
+from mini_vllm.sampling_params import SamplingParams  # noqa: F401
 
 POLICIES = ("fcfs", "priority")
 
@@ -217,7 +217,7 @@ def summarize(result: RunResult) -> dict[str, float]:
     """
     tl = result.timelines
     ttft = [t.first_token_step + 1 - t.arrival_step for t in tl]
-    itl = [b - a for t in tl for a, b in zip(t.token_steps, t.token_steps[1:])]
+    itl = [b - a for t in tl for a, b in zip(t.token_steps, t.token_steps[1:], strict=False)]
     work = [result.step_tokens[s] for t in tl for s in t.token_steps[1:]]
     tokens = sum(len(t.token_steps) for t in tl)
     in_system = sum(t.finish_step + 1 - t.arrival_step for t in tl)

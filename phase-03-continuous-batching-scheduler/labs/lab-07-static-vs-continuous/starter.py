@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mini_vllm.engine import LLMEngine
-from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.engine import LLMEngine  # noqa: F401  (used by the code you write)
+from mini_vllm.sampling_params import SamplingParams  # noqa: F401
 
 POLICIES = ("fcfs", "priority")
 

@@ -1,0 +1,173 @@
+"""Lab 00-03 — the sampler's knobs as exact algorithms, equal to mini_vllm's Sampler."""
+from course import load_impl
+
+impl = load_impl(__file__)
+
+import itertools  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# The guide's example: " Paris", " Lyon", " a", " the", " banana"
+GUIDE = np.array([4.0, 1.5, 1.0, 0.5, -3.0])
+
+
+def test_softmax_is_a_distribution_and_is_stable():
+    p = impl.softmax(np.array([1000.0, 1001.0, 1002.0]))
+    assert np.isfinite(p).all() and p.sum() == pytest.approx(1.0)
+    assert list(np.argsort(p)) == [0, 1, 2]  # order preserved
+    assert np.allclose(p, impl.softmax(np.array([0.0, 1.0, 2.0])))  # shift-invariant
+
+
+def test_guide_example_numbers():
+    assert np.round(impl.softmax(GUIDE), 3).tolist() == [0.860, 0.071, 0.043, 0.026, 0.001]
+    assert round(float(impl.filtered_probs(GUIDE, 0.5)[0]), 3) == 0.990
+    assert round(float(impl.filtered_probs(GUIDE, 2.0)[0]), 3) == 0.584
+    kept = impl.filtered_probs(GUIDE, 1.0, top_k=2)
+    assert np.round(kept, 3).tolist() == [0.924, 0.076, 0.0, 0.0, 0.0]
+    # Paris alone (0.860) is short of 0.9, so the crossing token Lyon is kept too
+    assert np.array_equal(impl.filtered_probs(GUIDE, 1.0, top_p=0.9), kept)
+    assert np.count_nonzero(impl.filtered_probs(GUIDE, 1.0, top_p=0.95)) == 3
+    # min-p 0.05: keep tokens with at least 5% of Paris's 0.860, i.e. >= 0.043
+    assert np.count_nonzero(impl.filtered_probs(GUIDE, 1.0, min_p=0.05)) == 2
+
+
+def test_greedy_is_argmax_and_ignores_every_other_knob():
+    rng = np.random.default_rng(7)
+    before = rng.bit_generator.state
+    for k, p, m in itertools.product((0, 1, 3), (0.1, 1.0), (0.0, 0.9)):
+        assert impl.sample(GUIDE[::-1], 0.0, k, p, m, rng) == 4
+    assert rng.bit_generator.state == before  # greedy never touches the generator
+    assert impl.sample(np.array([2.0, 5.0, 5.0]), 0.0) == 1  # ties: the lowest id
+
+
+def test_top_k_keeps_exactly_k():
+    row = np.array([0.1, 3.0, -1.0, 2.0, 0.5])
+    out = impl.apply_top_k(row, 2)
+    assert np.isfinite(out).tolist() == [False, True, False, True, False]
+    assert out[1] == 3.0 and out[3] == 2.0
+    for disabled in (0, -1, 5, 9):
+        assert np.array_equal(impl.apply_top_k(row, disabled), row)
+    # a tie with the k-th largest survives, as in mini_vllm and upstream
+    assert np.isfinite(impl.apply_top_k(np.array([1.0, 2.0, 2.0, 0.0]), 1)).sum() == 2
+
+
+def test_top_p_keeps_the_smallest_sufficient_nucleus():
+    logits = np.log(np.array([0.4, 0.4, 0.2]))
+    # 0.5 lies well inside (0.4, 0.8): no float rounding can move the boundary
+    out = impl.apply_top_p(logits, 0.5)
+    assert np.isfinite(out).tolist() == [True, True, False]
+    assert np.isfinite(impl.apply_top_p(logits, 0.3)).sum() == 1
+    assert np.isfinite(impl.apply_top_p(logits, 0.9)).sum() == 3
+    assert np.array_equal(impl.apply_top_p(logits, 1.0), logits)
+    assert np.isfinite(impl.apply_top_p(logits, 1e-9)).sum() == 1  # never empty
+
+
+def test_min_p_drops_the_tail_and_renormalises():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    out = impl.apply_min_p(probs, 0.2)  # threshold 0.1
+    assert out.tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
+    assert np.array_equal(impl.apply_min_p(probs, 0.0), probs)
+
+
+def test_temperature_sharpens_or_flattens():
+    tops = [impl.filtered_probs(GUIDE, t).max() for t in (0.25, 0.5, 1.0, 2.0, 4.0)]
+    assert tops == sorted(tops, reverse=True)
+    assert impl.apply_temperature(GUIDE, 2.0).tolist() == (GUIDE / 2).tolist()
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = np.random.default_rng(3).normal(size=50)
+    a = [impl.sample(logits, 1.0, generator=np.random.default_rng(11)) for _ in range(5)]
+    assert len(set(a)) == 1
+    s1 = np.random.default_rng(5)
+    s2 = np.random.default_rng(5)
+    assert [impl.sample(logits, 0.8, 20, 0.9, 0.0, s1) for _ in range(30)] == [
+        impl.sample(logits, 0.8, 20, 0.9, 0.0, s2) for _ in range(30)
+    ]
+
+
+def test_draws_follow_the_distribution():
+    rng = np.random.default_rng(0)
+    draws = [impl.sample(GUIDE, 1.0, generator=rng) for _ in range(4000)]
+    freq = np.bincount(draws, minlength=5) / len(draws)
+    assert np.abs(freq - impl.softmax(GUIDE)).max() < 0.02
+
+
+# 16 configurations: (temperature, top_k, top_p, min_p)
+CONFIGS = [
+    (0.0, 0, 1.0, 0.0),
+    (0.0, 5, 0.5, 0.1),
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 0, 1.0, 0.0),
+    (1.5, 0, 1.0, 0.0),
+    (1.0, 1, 1.0, 0.0),
+    (1.0, 10, 1.0, 0.0),
+    (1.0, -1, 1.0, 0.0),
+    (1.0, 0, 0.9, 0.0),
+    (1.0, 0, 0.3, 0.0),
+    (0.7, 50, 0.95, 0.0),
+    (1.0, 0, 1.0, 0.05),
+    (1.0, 0, 1.0, 0.5),
+    (0.8, 20, 0.9, 0.02),
+    (2.0, 100, 0.8, 0.1),
+    (0.3, 300, 0.99, 0.0),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[f"T{t}-k{k}-p{p}-m{m}" for t, k, p, m in CONFIGS])
+def test_agrees_with_mini_vllm_sampler(config):
+    from mini_vllm.sampler import Sampler
+    from mini_vllm.sampling_params import SamplingParams
+
+    temperature, top_k, top_p, min_p = config
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    theirs = Sampler()
+    for seed in range(4):
+        logits = np.random.default_rng(100 + seed).normal(0.0, 2.0, size=257)
+        mine_rng, their_rng = np.random.default_rng(seed), np.random.default_rng(seed)
+        # a stream of 12 draws from one generator each: equal tokens all the way
+        # down means both samplers consume the generator in the same way
+        mine = [impl.sample(logits, temperature, top_k, top_p, min_p, mine_rng) for _ in range(12)]
+        ref = [theirs.sample(logits, params, their_rng) for _ in range(12)]
+        assert mine == ref
+        if temperature > 0:
+            assert np.allclose(
+                impl.filtered_probs(logits, temperature, top_k, top_p, min_p),
+                theirs.probs(logits, params),
+            )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 1.3]),
+    top_k=st.sampled_from([-1, 0, 1, 3, 16]),
+    top_p=st.sampled_from([0.2, 0.7, 1.0]),
+    min_p=st.sampled_from([0.0, 0.1]),
+)
+def test_agrees_with_mini_vllm_for_random_seeds(seed, temperature, top_k, top_p, min_p):
+    from mini_vllm.sampler import Sampler
+    from mini_vllm.sampling_params import SamplingParams
+
+    logits = np.random.default_rng(seed).normal(0.0, 1.0, size=32)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    mine = impl.sample(logits, temperature, top_k, top_p, min_p, np.random.default_rng(seed))
+    assert mine == Sampler().sample(logits, params, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: impl.sample(GUIDE, -0.5), "temperature"),
+        (lambda: impl.sample(GUIDE, 1.0, top_k=-2), "top_k"),
+        (lambda: impl.sample(GUIDE, 1.0, top_p=0.0), "top_p"),
+        (lambda: impl.sample(GUIDE, 1.0, min_p=1.5), "min_p"),
+        (lambda: impl.sample(np.zeros((2, 3)), 1.0), "logits"),
+    ],
+)
+def test_bad_input_names_the_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()

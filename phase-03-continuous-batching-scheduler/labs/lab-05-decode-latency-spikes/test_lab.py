@@ -1,0 +1,65 @@
+from course import load_impl
+
+impl = load_impl(__file__)
+
+import pytest  # noqa: E402
+
+UNCHUNKED = [257, 2] + [1] * 13
+CHUNKED_32 = [33] * 8 + [2] + [1] * 6
+
+
+def test_unchunked_prefill_spikes_exactly_one_decode_step():
+    costs = impl.decode_step_costs(256, 0)
+    assert costs == UNCHUNKED
+    assert sorted(costs)[-2] <= 3  # one balloon, then calm
+
+
+def test_threshold_32_caps_every_step_at_33_for_8_steps():
+    costs = impl.decode_step_costs(256, 32)
+    assert costs == CHUNKED_32
+    assert max(costs) <= 32 + 1
+    assert sum(c > 2 for c in costs) == 8 == -(-256 // 32)
+
+
+def test_the_work_is_conserved_and_so_is_the_mean_latency():
+    a, b = impl.decode_step_costs(256, 0), impl.decode_step_costs(256, 32)
+    assert sum(a) == sum(b) == 272
+    ms_a, ms_b = impl.itl_ms(a), impl.itl_ms(b)
+    assert sum(ms_a) == pytest.approx(sum(ms_b)) == pytest.approx(177.2)
+    assert max(ms_a) == pytest.approx(35.7) and max(ms_b) == pytest.approx(13.3)
+    assert min(ms_a) == pytest.approx(10.1)
+
+
+def test_chunking_does_not_change_the_victims_tokens():
+    p0, p32 = impl.victim_profile(256, 0), impl.victim_profile(256, 32)
+    assert p0["victim_tokens"] == p32["victim_tokens"] and len(p0["victim_tokens"]) == 16
+
+
+def test_the_victim_is_never_starved():
+    # running-first: the victim gets a token in every step until it finishes
+    for t in (0, 8, 32, 100):
+        assert len(impl.decode_step_costs(256, t)) == 15
+
+
+def test_the_price_moves_to_the_long_requests_ttft():
+    rows = {r["threshold"]: r for r in impl.threshold_sweep()}
+    assert {t: (r["worst_cost"], r["long_ttft_steps"]) for t, r in rows.items()} == {
+        0: (257, 1), 16: (17, 16), 32: (33, 8), 64: (65, 4), 128: (129, 2), 256: (257, 1),
+    }
+
+
+def test_a_small_budget_caps_the_spike_too():
+    # threshold 0, budget 64: the decode takes 1 token, the prompt gets the other 63
+    assert impl.decode_step_costs(256, 0, max_num_batched_tokens=64) == [64] * 4 + [5, 2] + [1] * 9
+
+
+def test_cost_model_rejects_negative_parameters():
+    assert impl.itl_ms([1, 257], 10.0, 0.1) == [10.1, 35.7]
+    with pytest.raises(ValueError, match="per_token_ms"):
+        impl.itl_ms([1], 10.0, -1.0)
+
+
+def test_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = impl.plot_profiles(str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 10_000 and out.endswith("p.png")
