@@ -18,7 +18,8 @@ mini_vllm and transformers load: the same weights on both sides.
   count as output).
 
 Reported: output tokens per second (requested tokens / wall time; best of
-``--repeats`` runs, the median alongside, because this machine is shared),
+``--repeats`` rounds, the median alongside, because this machine is shared;
+each round runs every configuration once),
 peak KV memory (mini_vllm: most blocks in use at once x bytes per block;
 transformers: the largest KV cache a batch built, read from its tensors),
 and where mini_vllm's step time goes. Both sides run with one compute thread
@@ -37,7 +38,7 @@ def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3, help="runs per configuration (best is kept)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds; each runs every configuration once")
     p.add_argument("--threads", type=int, default=1, help="BLAS / torch threads for both sides")
     p.add_argument("--mini-batch-sizes", default="1,4,16,64", help="max_num_seqs values")
     p.add_argument("--hf-batch-sizes", default="8,16,64", help="static batch sizes")
@@ -185,8 +186,8 @@ def run_hf(hf, prompts, outs, batch_size: int):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         with torch.no_grad():
-            out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                              do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+                              pad_token_id=0, return_dict_in_generate=True)
         cache = out.past_key_values
         peak_kv = max(peak_kv, sum(layer.keys.nbytes + layer.values.nbytes
                                    for layer in cache.layers))
@@ -218,16 +219,24 @@ def main() -> None:
     save_checkpoint(folder, model.config, model.weights)
     cfg = model.config
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # Like SamplingParams(ignore_eos=True): EOS may be generated but never stops
+    # a sequence. (min_new_tokens would instead forbid EOS: different tokens.)
+    hf.generation_config.eos_token_id = None
     attn_impl = hf.config._attn_implementation
 
     mini_sizes = [int(x) for x in ARGS.mini_batch_sizes.split(",")]
     hf_sizes = [int(x) for x in ARGS.hf_batch_sizes.split(",")]
     run_mini(folder, prompts[:4], [4] * 4, 4)  # warm-up (imports, allocator)
     run_hf(hf, prompts[:4], [4] * 4, 4)
-    mini_runs = {b: [run_mini(folder, prompts, outs, b) for _ in range(ARGS.repeats)]
-                 for b in mini_sizes}
-    hf_runs = {b: [run_hf(hf, prompts, outs, b) for _ in range(ARGS.repeats)]
-               for b in hf_sizes}
+    # Round-robin: every configuration once per round, so a burst of load from
+    # elsewhere on the machine hits all of them alike, not one unlucky row.
+    mini_runs: dict[int, list] = {b: [] for b in mini_sizes}
+    hf_runs: dict[int, list] = {b: [] for b in hf_sizes}
+    for _ in range(ARGS.repeats):
+        for b in mini_sizes:
+            mini_runs[b].append(run_mini(folder, prompts, outs, b))
+        for b in hf_sizes:
+            hf_runs[b].append(run_hf(hf, prompts, outs, b))
     prof = profile_mini(folder, prompts, outs, max(mini_sizes))
     load_after = load_avg()
 

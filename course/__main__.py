@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split())
         print(f"{label}: error: {message}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file or folder the command could not read or write
+        label = f"{PROG} {command}".strip()
+        print(f"{label}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -368,7 +368,10 @@ def parse_junit(xml_path: pathlib.Path, root: pathlib.Path, labs: list[pathlib.P
 
 
 def _first_error_line(message: str) -> str:
+    """The exception line of a JUnit message (its headline, else the last ``E`` line)."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if lines and lines[0] != "collection failure" and not lines[0].startswith("E "):
+        return lines[0]
     for ln in reversed(lines):
         if ln.startswith("E "):
             return ln[1:].strip()
@@ -397,7 +400,8 @@ def run_pytest(
         "junit_family=xunit1",
         "-o",
         "junit_logging=no",
-        "--tb=short",
+        # Tracebacks of hundreds of failing starter tests are costly: one line each.
+        "--tb=line" if impl == "starter" else "--tb=short",
     ]
     return subprocess.Popen(
         cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -509,8 +513,10 @@ def check_labs(
     if run_tests and runnable:
         runs = run_both(root, runnable)
         for result in results:
-            if result.lab in runnable:
+            # a missing file is already reported; its import error would only repeat it
+            if result.lab in runnable and (result.lab / "solution.py").is_file():
                 judge_solution(result, runs["solution"])
+            if result.lab in runnable and (result.lab / "starter.py").is_file():
                 judge_starter(result, runs["starter"])
     return results
 

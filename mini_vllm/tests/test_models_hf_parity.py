@@ -97,11 +97,16 @@ def build_hf_model(family: str, seed: int = 0, **kw):
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """n greedy tokens, EOS allowed but never stopping (like ignore_eos=True).
+
+    min_new_tokens would be wrong here: it forbids EOS, changing the argmax.
+    """
+    model.generation_config.eos_token_id = None
     ids = torch.tensor([prompt])
     with torch.no_grad():
         last_logits = model(ids).logits[0, -1].numpy()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             min_new_tokens=n, do_sample=False, pad_token_id=0)
+                             do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist(), last_logits
 
 
@@ -116,7 +121,6 @@ def test_greedy_tokens_and_logits_match_transformers(case, tmp_path):
 
     rng = np.random.default_rng(len(case))
     prompts = [rng.integers(0, kw["vocab_size"] - 1, n).tolist() for n in PROMPT_LENS]
-    # min_new_tokens keeps HF from stopping at EOS; ours never checks EOS here.
     tokens, first_logits = greedy_generate(ours, prompts, NEW_TOKENS, block_size=4,
                                            return_logits=True)
     for prompt, got, logits in zip(prompts, tokens, first_logits, strict=True):
@@ -171,3 +175,26 @@ def test_llm_engine_on_a_checkpoint_folder_matches_transformers(tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     reqs = engine.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [list(r.output_token_ids) for r in reqs] == [hf_greedy(hf, p, 8)[0] for p in prompts]
+
+
+def test_llm_engine_stops_at_eos_exactly_where_transformers_does(tmp_path):
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.sampling_params import SamplingParams
+
+    family, kw = CASES["qwen2-gqa2-untied"]
+    hf = build_hf_model(family, seed=3, **kw)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    free_run, _ = hf_greedy(hf, prompt, 12)
+    eos = free_run[4]  # make a token the model really emits the EOS
+    stop_at = free_run.index(eos)
+    hf.config.eos_token_id = hf.generation_config.eos_token_id = eos
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                           do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+    assert want == free_run[:stop_at + 1]  # transformers keeps the EOS token and stops
+    engine = LLMEngine(model=str(tmp_path), block_size=4, num_blocks=32)
+    (req,) = engine.generate([{"prompt_token_ids": prompt}],
+                             SamplingParams(temperature=0.0, max_tokens=12))
+    assert list(req.output_token_ids) == want and req.finish_reason == "stop"

@@ -116,10 +116,17 @@ def test_work_ratio_grows_with_length():
     # From an empty start (P = 1) the guide's N(N+1)/2 versus N is exact.
     assert impl.kv_rows_no_cache(1, 1000) == 500_500
     assert impl.kv_rows_with_cache(1, 1000) == 1000
+    assert impl.kv_rows_no_cache(1, 10_000) == 50_005_000  # "about fifty million"
     ratios = [impl.kv_rows_no_cache(5, n) / impl.kv_rows_with_cache(5, n) for n in (10, 100, 1000)]
     assert ratios == sorted(ratios)
     assert ratios[-1] > 100
     assert round(ratios[-1], 1) == 502.5
+
+
+def test_the_script_table_rows():
+    # `python solution.py` prints these counts (summed over the 2 layers) for P = 16
+    rows = [(n, 2 * impl.kv_rows_no_cache(16, n), 2 * impl.kv_rows_with_cache(16, n)) for n in (16, 32, 64, 128)]
+    assert rows == [(16, 752, 62), (32, 2016, 94), (64, 6080, 158), (128, 20352, 286)]
 
 
 def test_bad_arguments_are_rejected():

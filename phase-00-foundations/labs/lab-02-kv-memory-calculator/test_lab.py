@@ -87,7 +87,28 @@ def test_llama3_70b_does_not_fit_one_80_gib_card_in_bf16():
     # four cards pooled (tensor parallelism splits weights and KV evenly)
     assert impl.max_concurrent_seqs(4 * 80 * GiB, w70, seq) == 75
     # fp8 weights fit on one card, leaving room for a handful of 8k sequences
+    assert round(impl.weight_bytes(L70, 1) / GB, 1) == 70.6
     assert impl.max_concurrent_seqs(80 * GiB, impl.weight_bytes(L70, 1), seq) == 5
+
+
+def test_the_script_capacity_table():
+    # the rows `python solution.py` prints: bf16 weights, (KV dtype, card GiB, context) -> seqs
+    expected = {
+        (2, 24, 2048): 36, (2, 24, 8192): 9, (2, 80, 2048): 260, (2, 80, 8192): 65,
+        (1, 24, 2048): 72, (1, 24, 8192): 18, (1, 80, 2048): 520, (1, 80, 8192): 130,
+    }
+    w8 = impl.weight_bytes(L8, 2)
+    for (kv_dtype, card, ctx), seqs in expected.items():
+        seq = impl.kv_bytes_per_seq(per_token(L8, kv_dtype), ctx)
+        assert impl.max_concurrent_seqs(card * GiB, w8, seq) == seqs
+    w70 = impl.weight_bytes(L70, 2)
+    for kv_dtype in (2, 1):
+        for card in (24, 80):
+            for ctx in (2048, 8192):
+                seq = impl.kv_bytes_per_seq(per_token(L70, kv_dtype), ctx)
+                assert impl.max_concurrent_seqs(card * GiB, w70, seq) == 0
+    assert per_token(L70, 1) == 160 * KiB
+    assert impl.kv_bytes_per_seq(per_token(L70), 2048) == 640 * MiB
 
 
 def test_no_room_returns_zero():

@@ -45,6 +45,7 @@ def test_prefill_is_compute_bound():
     assert i == 2048.0 and impl.is_compute_bound(i, ridge)
     assert impl.compute_utilization(i, ridge) == 1.0
     t = impl.step_time(N8, 2048, 2, *A100)
+    assert round(2 * N8 * 2048 / 1e12, 1) == 32.8  # TFLOP of math for the prompt
     assert round(t * 1e3) == 105  # the floor on TTFT for a 2,048-token prompt, in ms
     assert round(2048 / t) == 19_500  # tokens per second once compute-bound
 
@@ -71,6 +72,15 @@ def test_batching_multiplies_decode_throughput_for_free():
     # past the ridge the free lunch ends: throughput plateaus
     assert impl.decode_tokens_per_second(N8, 156, 2, *A100) == pytest.approx(19_500.0)
     assert impl.decode_tokens_per_second(N8, 512, 2, *A100) == pytest.approx(19_500.0)
+
+
+def test_the_script_table_rows():
+    # tokens per step -> (step ms, tokens/s), as `python solution.py` prints them
+    expected = {1: (8.00, 125), 8: (8.00, 1000), 64: (8.00, 8000), 156: (8.00, 19500),
+                512: (26.26, 19500), 2048: (105.03, 19500)}
+    for tokens, (ms, tps) in expected.items():
+        t = impl.step_time(N8, tokens, 2, *A100)
+        assert (round(1e3 * t, 2), round(tokens / t)) == (ms, tps)
 
 
 def test_smaller_weights_raise_the_decode_ceiling():

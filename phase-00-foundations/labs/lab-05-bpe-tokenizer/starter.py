@@ -132,17 +132,18 @@ def kv_bytes_for_text(text: str, merges: list[tuple[int, int]], kv_bytes_per_tok
     raise NotImplementedError("kv_bytes_for_text: your turn (see the docstring)")
 
 
-def main(vocab_size: int = 512) -> None:
-    """Train on the corpus and print what the merges do to length and KV memory."""
+def main(out: str = "bpe_compression.png", vocab_size: int = 512) -> None:
+    """Train on the corpus, print what the merges do to length and KV memory, plot it."""
     corpus = load_corpus()
     merges = train_bpe(corpus, vocab_size)
     table = vocab_bytes(merges)
     print(f"corpus: {len(corpus.encode('utf-8'))} bytes; learned {len(merges)} merges")
     print("first ten merges:", [table[256 + i].decode("utf-8", "replace") for i in range(10)])
     print("longest tokens:", sorted((t for t in table[256:]), key=len)[-5:])
+    every = train_bpe(corpus, 2000)  # a smaller vocabulary's merges are a prefix of these
     print(f"{'vocab':>6} {'corpus bytes/token':>19} {'held-out bytes/token':>21}")
     for size in (256, 300, 400, 512, 1024):
-        m = train_bpe(corpus, size)
+        m = every[: size - 256]
         print(f"{size:>6} {compression_ratio(corpus, m):>19.2f} {compression_ratio(HELD_OUT, m):>21.2f}")
     kv_byte, kv_bpe = kv_bytes_for_text(corpus, merges, 131_072)
     print(
@@ -150,6 +151,23 @@ def main(vocab_size: int = 512) -> None:
         f"{kv_byte / 2**20:.0f} MiB as bytes, {kv_bpe / 2**20:.0f} MiB as BPE-{vocab_size} tokens"
     )
 
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(range(256, 256 + len(every) + 1, 16))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [compression_ratio(corpus, every[: s - 256]) for s in sizes], label="training corpus")
+    ax.plot(sizes, [compression_ratio(HELD_OUT, every[: s - 256]) for s in sizes], label="held-out text")
+    ax.set_xlabel("vocabulary size (256 bytes + merges)")
+    ax.set_ylabel("bytes per token")
+    ax.set_title("What BPE merges buy over one byte per token")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]))
+    main(*sys.argv[1:2])

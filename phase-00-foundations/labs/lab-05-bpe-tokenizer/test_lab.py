@@ -55,7 +55,10 @@ def test_merges_are_deterministic_and_numbered_from_256():
     assert tuple(first) == all_merges()[:44]  # a bigger vocabulary only adds merges
     assert len(merges(512)) == 256
     table = impl.vocab_bytes(list(merges(512)))
-    assert [table[256 + i] for i in range(3)] == [b" t", b"he", b" the"]
+    assert [table[256 + i] for i in range(10)] == [
+        b" t", b"he", b" the", b" a", b" s", b"er", b"in", b" w", b" n", b" o"
+    ]
+    assert sorted(table[256:], key=len)[-1] == b" vocabulary"
 
 
 def test_training_stops_when_the_corpus_runs_out_of_pairs():

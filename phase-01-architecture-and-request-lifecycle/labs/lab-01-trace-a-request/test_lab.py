@@ -66,6 +66,13 @@ def test_counters_obey_the_catch_up_arithmetic():
     assert last.num_computed_tokens == p + max_tokens - 1  # the last token's KV is never computed
 
 
+def test_a_twelve_token_prompt_runs_five_steps_for_five_tokens():
+    events = impl.trace_request("x" * 12, max_tokens=5)  # EXERCISES item 4
+    assert [(e.num_computed_tokens, e.num_tokens) for e in events[1:]] == [
+        (12, 13), (13, 14), (14, 15), (15, 16), (16, 17),
+    ]
+
+
 def test_sixteen_tokens_take_sixteen_steps_not_seventeen():
     prompt = "The capital of France is"  # 24 bytes, fits in one step
     events = impl.trace_request(prompt, max_tokens=16)

@@ -4,9 +4,9 @@ Given a scheduler, a model and a sampler, wire one step of the engine:
 schedule -> prepare inputs -> run the model -> sample -> update. The result
 must match ``mini_vllm.engine.LLMEngine.step`` token for token.
 
-upstream: vllm/v1/engine/core.py:428 EngineCore.step
 upstream: vllm/v1/worker/gpu_model_runner.py:2135 logits_indices
 upstream: vllm/v1/worker/gpu_model_runner.py:2006-2009 discard_request_mask
+upstream: vllm/v1/engine/core.py:428 EngineCore.step
 """
 from __future__ import annotations
 

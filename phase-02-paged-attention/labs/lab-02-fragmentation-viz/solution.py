@@ -217,8 +217,8 @@ def report(
     c = contiguous_admit(arrivals_list, total_slots, max_len)
     p = paged_admit(arrivals_list, total_slots, block_size)
     return (
-        f"contiguous: admitted={c.admitted} rejected={c.rejected} wasted={c.wasted_slots}\n"
-        f"paged:      admitted={p.admitted} rejected={p.rejected} wasted={p.wasted_slots}"
+        f"contiguous  {c.admitted:3d} in, {c.rejected:3d} turned away, {c.wasted_slots:5d} slots idle\n"
+        f"paged       {p.admitted:3d} in, {p.rejected:3d} turned away, {p.wasted_slots:5d} slots idle"
     )
 
 

@@ -99,8 +99,8 @@ def test_occupancy_picture_matches_the_counts():
 
 def test_report_prints_the_readme_numbers():
     assert impl.report() == (
-        "contiguous: admitted=8 rejected=56 wasted=3840\n"
-        "paged:      admitted=64 rejected=0 wasted=0"
+        "contiguous    8 in,  56 turned away,  3840 slots idle\n"
+        "paged        64 in,   0 turned away,     0 slots idle"
     )
 
 

@@ -41,6 +41,9 @@ def test_slot_mapping_formula_at_block_edges():
     # one decode token at position 9 -> block_table[2] * 4 + 1
     assert impl.build_slot_mapping(table, 4, 9, 1).tolist() == [37]
     assert impl.build_slot_mapping(table, 4, 5, 0).tolist() == []
+    # the README's example: block size 16, table [5, 2, 7]
+    assert impl.build_slot_mapping([5, 2, 7], 16, 0, 3).tolist() == [80, 81, 82]
+    assert impl.build_slot_mapping([5, 2, 7], 16, 34, 1).tolist() == [114]
 
 
 @pytest.mark.parametrize(

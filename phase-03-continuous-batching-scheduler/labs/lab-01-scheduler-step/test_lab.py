@@ -162,7 +162,7 @@ def test_finish_step_emits_only_when_the_counters_meet():
     assert running == [] and kv.held == {}
 
 
-def test_cramped_pool_preempts_at_step_9_and_the_victim_restarts_at_step_20():
+def test_cramped_pool_preempts_in_the_10th_step_and_replays_in_the_21st():
     a, b = impl.Req("A", 8, 20), impl.Req("B", 8, 20)
     trace = impl.run_workload([(0, a), (0, b)], impl.FakeKV(10, 4), 2048, 4)
     preempt_steps = [i for i, t in enumerate(trace) if t.preempted_req_ids]
@@ -170,6 +170,11 @@ def test_cramped_pool_preempts_at_step_9_and_the_victim_restarts_at_step_20():
     assert trace[20].num_scheduled_tokens == {"B": 17}  # 8 prompt + 9 outputs recomputed
     assert len(trace) == 31
     assert a.num_output_tokens == b.num_output_tokens == 20
+    # the same run, stopped after 9 steps: 4 blocks each, 8 of the 9 usable taken
+    kv, running, waiting = impl.FakeKV(10, 4), [], deque([impl.Req("A", 8, 20), impl.Req("B", 8, 20)])
+    for _ in range(9):
+        impl.finish_step(running, impl.schedule_step(running, waiting, kv, 2048, 4), kv)
+    assert kv.held == {"A": 4, "B": 4} and kv.num_free_blocks == 1
 
 
 # ---- the oracle: mini_vllm's Scheduler on random workloads --------------------

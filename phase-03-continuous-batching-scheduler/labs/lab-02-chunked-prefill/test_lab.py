@@ -40,6 +40,12 @@ def test_a_4096_token_prompt_at_threshold_512_takes_8_steps():
     assert impl.num_prefill_steps(4096, 0, 8192) == 1
 
 
+def test_numbers_used_in_the_exercises():
+    assert impl.prefill_chunks(10, 0, 4) == [4, 4, 2] and impl.num_prefill_steps(10, 0, 4) == 3
+    assert impl.num_prefill_steps(16384, 0, 2048) == 8
+    assert impl.num_prefill_steps(16384, 512, 2048) == 32
+
+
 def test_bad_arguments_raise_value_error_naming_the_parameter():
     with pytest.raises(ValueError, match="prompt_len"):
         impl.num_prefill_steps(0, 0, 2048)

@@ -28,6 +28,8 @@ def test_the_work_is_conserved_and_so_is_the_mean_latency():
     assert sum(ms_a) == pytest.approx(sum(ms_b)) == pytest.approx(177.2)
     assert max(ms_a) == pytest.approx(35.7) and max(ms_b) == pytest.approx(13.3)
     assert min(ms_a) == pytest.approx(10.1)
+    assert ms_a[:3] == [35.7, 10.2, 10.1] and ms_b[7:10] == [13.3, 10.2, 10.1]
+    assert round(max(ms_a) / min(ms_a), 1) == 3.5  # the spike, in this cost model
 
 
 def test_chunking_does_not_change_the_victims_tokens():
