@@ -26,11 +26,17 @@ def _has(module: str) -> bool:
 
 
 def _cuda_available() -> bool:
+    """torch's own answer; imported lazily, since importing torch costs seconds."""
     if not _has("torch"):
         return False
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def _nvidia_device_present() -> bool:
+    """A cheap look for an NVIDIA GPU, without importing torch."""
+    return pathlib.Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
 
 
 def _chromium() -> str | None:
@@ -41,9 +47,8 @@ def _chromium() -> str | None:
     return None
 
 
-HAS_CUDA = _cuda_available()
 HAS_TRITON = _has("triton") and _has("torch")
-if HAS_TRITON and not HAS_CUDA:
+if HAS_TRITON and not _nvidia_device_present():
     # Run Triton kernels on the CPU through Triton's interpreter. Must be set
     # before any @triton.jit function is defined, hence at conftest import.
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -59,14 +64,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"LAB_IMPL={selected_impl()} (allowed: {', '.join(ALLOWED_IMPLS)}); "
-        f"cuda={HAS_CUDA} triton={HAS_TRITON} "
+        f"triton={HAS_TRITON} (interpreter={os.environ.get('TRITON_INTERPRET') == '1'}) "
         f"upstream={(ROOT / 'upstream').is_dir()}"
     ]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wants_gpu = any("gpu" in item.keywords for item in items)
     reasons = {
-        "gpu": None if HAS_CUDA else "needs a CUDA device",
+        "gpu": None if wants_gpu and _cuda_available() else "needs a CUDA device",
         "triton": None if HAS_TRITON else "needs triton and torch (pip install -e '.[triton]')",
         "upstream": None
         if (ROOT / "upstream" / "vllm").is_dir()

@@ -212,7 +212,8 @@ def format_report(report: Report, root: pathlib.Path) -> list[str]:
             out.append(f"{_rel(doc, root):<{width}}  {count:>9}  {bad:>6}")
     out.append("")
     out.append(
-        f"{report.checked} citations in {report.files} markdown files; {len(report.broken)} broken"
+        f"{report.checked} citations in {report.files} markdown "
+        f"{'file' if report.files == 1 else 'files'}; {len(report.broken)} broken"
     )
     return out
 

@@ -148,7 +148,7 @@ def check_existing(dest: pathlib.Path, pin: Pin) -> str:
             f"{label} holds vLLM {version}, not the pinned {pin.version}: "
             "move it away and run this command again"
         )
-    write_marker(dest, pin, "found in place (PKG-INFO / vllm/_version.py)")
+    write_marker(dest, pin, "found in place, version read from the tree")
     return f"{label} already holds vLLM {pin.version} (found in place; marker written)"
 
 

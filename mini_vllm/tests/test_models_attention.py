@@ -13,6 +13,7 @@ import pytest
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models import LlamaForCausalLM, get_model, random_weights, tiny_random_config
 from mini_vllm.models.attention import (
+    GROUP_SIZE,
     dense_causal_attention,
     gather_kv,
     paged_attention,
@@ -94,6 +95,22 @@ def test_paged_mixed_batch_equals_dense_attention_per_request(num_heads, kv_head
     assert np.isfinite(out).all(), "a poisoned (never written) slot was read"
     for b, (fq, fk, fv) in enumerate(full):
         want = dense_causal_attention(fq, fk, fv, scale=8 ** -0.5)[seq_lens[b] - chunk_lens[b]:]
+        got = out[mi.query_start_loc[b]:mi.query_start_loc[b + 1]]
+        np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+
+
+def test_many_requests_grouped_by_length_still_match_dense_attention():
+    # 37 decodes of scattered lengths (more than GROUP_SIZE, so several calls)
+    # plus three 3-row chunks: grouping and sorting must not mix up rows.
+    rng = np.random.default_rng(7)
+    seq_lens = rng.integers(1, 30, 37).tolist() + [9, 25, 3]
+    chunk_lens = [1] * 37 + [3, 3, 3]
+    k_cache, v_cache, mi, q, k, v, full = _setup(seq_lens, chunk_lens, num_blocks=400)
+    assert len(seq_lens) > 2 * GROUP_SIZE
+    write_kv(k_cache, v_cache, k, v, mi.slot_mapping)
+    out = paged_attention(q, k_cache, v_cache, mi, scale=0.35)
+    for b, (fq, fk, fv) in enumerate(full):
+        want = dense_causal_attention(fq, fk, fv, scale=0.35)[seq_lens[b] - chunk_lens[b]:]
         got = out[mi.query_start_loc[b]:mi.query_start_loc[b + 1]]
         np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
 

@@ -62,6 +62,7 @@ def test_decode_speed_limit_8b_fp16():
     assert impl.decode_tokens_per_second(N8, 1, 2, *A100) == pytest.approx(125.0)
     real = impl.decode_tokens_per_second(impl.LLAMA_3_1_8B_PARAMS, 1, 2, *A100)
     assert round(real, 1) == 124.5
+    assert impl.step_time(1e9, 1, 2, *A100) == pytest.approx(0.001)  # a 1B model: about 1 ms
 
 
 def test_batching_multiplies_decode_throughput_for_free():

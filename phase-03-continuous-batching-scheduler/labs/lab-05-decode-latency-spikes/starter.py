@@ -105,10 +105,21 @@ def plot_profiles(path: str = "decode_latency.png", thresholds: tuple[int, ...] 
     return path
 
 
+def runs(values: list) -> str:
+    """``[33, 33, 2]`` -> ``"33 (x2), 2"``: long profiles, short lines."""
+    out: list[str] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return ", ".join(f"{v} (x{n})" if n > 1 else f"{v}" for v, n in out)
+
+
 if __name__ == "__main__":
     for t in (0, 32):
         c = decode_step_costs(256, t)
-        print(f"threshold={t:<3} costs={c}  ITL ms={itl_ms(c)}")
+        print(f"threshold={t:<3} costs: {runs(c)}   ITL ms: {runs(itl_ms(c))}")
     for row in threshold_sweep():
         print(row)
     print("wrote", plot_profiles(sys.argv[1] if len(sys.argv) > 1 else "decode_latency.png"))
