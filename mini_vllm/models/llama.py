@@ -2,13 +2,15 @@
 
 One class serves both families; the config says where they differ (Qwen2 has
 a bias on q/k/v; Llama may have ``attention_bias`` / ``mlp_bias``; either may
-tie the output embedding to the input one). Per layer::
+tie the output embedding to the input one). Each layer adds two things to the
+residual stream ``x`` (one row per scheduled token)::
 
-    x ─┬─ RMSNorm ─ qkv_proj ─ RoPE(q, k) ─ write K,V ─ paged attention ─ o_proj ─(+)─┬─ ...
-       └──────────────────────────────────────────────────────────────────────────┘  │
-       ┌─────────────────────────────────────────────────────────────────────────────┘
-       └─┬─ RMSNorm ─ gate_up_proj ─ silu(gate) * up ─ down_proj ─(+)─ next layer
-         └─────────────────────────────────────────────────────────┘
+    q, k, v = split(RMSNorm(x) @ qkv_proj)          # q: heads, k/v: kv_heads
+    q, k    = RoPE(q, positions), RoPE(k, positions)
+    write k, v into the paged cache at slot_mapping
+    x = x + paged_attention(q, cache, block tables) @ o_proj
+    gate, up = split(RMSNorm(x) @ gate_up_proj)
+    x = x + (silu(gate) * up) @ down_proj            # the SwiGLU MLP
 
 Like vLLM, q/k/v are one matrix (``qkv_proj``) and gate/up are one matrix
 (``gate_up_proj``): fewer, bigger matmuls. Weights are stored ``[in, out]`` so

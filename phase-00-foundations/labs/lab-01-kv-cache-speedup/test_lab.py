@@ -157,3 +157,13 @@ def test_mini_vllm_request_counters_follow_the_cached_formula():
     assert computed == [(8, 9), (9, 10), (10, 11), (11, 12)]
     assert request.num_computed_tokens == impl.kv_rows_with_cache(8, 4)
     assert impl.kv_rows_no_cache(8, 4) == 8 + 9 + 10 + 11
+
+
+def test_exercise_numbers():
+    # EXERCISES.md: the same keys and values, queried with [0, 1] instead of [1, 0]
+    w = impl.attention_weights([0.0, 1.0], KEYS)
+    assert np.round(w, 3).tolist() == [0.248, 0.503, 0.248]
+    assert np.round(impl.attend([0.0, 1.0], KEYS, VALUES), 2).tolist() == [3.72, 6.28]
+    # recomputing everything for a 2,000-token generation from a one-token prompt
+    assert impl.kv_rows_no_cache(1, 2000) == 2_001_000
+    assert impl.kv_rows_with_cache(1, 2000) == 2000

@@ -165,3 +165,21 @@ def test_formula_matches_what_mini_vllm_allocates():
     model.init_kv_cache(num_blocks=16, block_size=4)
     assert model.kv_cache_bytes == 16 * 4 * per_tok == 32_768
     assert impl.num_kv_blocks(model.kv_cache_bytes, per_tok, block_size=4) == 16
+
+
+def test_exercise_numbers():
+    # EXERCISES.md design items
+    w70 = impl.weight_bytes(L70, 2)
+    seq_bf16 = impl.kv_bytes_per_seq(per_token(L70, 2), 8192)
+    seq_fp8 = impl.kv_bytes_per_seq(per_token(L70, 1), 8192)
+    assert seq_fp8 == int(1.25 * GiB)
+    assert impl.max_concurrent_seqs(8 * 80 * GiB, w70, seq_bf16) == 203
+    assert impl.max_concurrent_seqs(8 * 80 * GiB, w70, seq_fp8) == 406
+    assert impl.max_concurrent_seqs(4 * 80 * GiB, w70, seq_fp8) == 150
+    # Little's Law item: 50 sequences of 4,096 tokens of Llama-3.1-8B
+    seq_4k = impl.kv_bytes_per_seq(per_token(L8), 4096)
+    assert seq_4k == 512 * MiB and 50 * seq_4k == 25 * GiB
+    assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, seq_4k) == 16
+    fp8_4k = impl.kv_bytes_per_seq(per_token(L8, 1), 4096)
+    assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, fp8_4k) == 32
+    assert impl.max_concurrent_seqs(80 * GiB, impl.weight_bytes(L8, 2), seq_4k) == 130

@@ -125,3 +125,11 @@ def test_kv_reads_catch_up_with_weight_reads():
 def test_bad_input_names_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_exercise_70b_on_eight_a100s():
+    # EXERCISES.md: Llama-3.1-70B split evenly over 8 GPUs (communication ignored)
+    per_gpu = 70_553_706_496 / 8
+    assert round(2 * 70_553_706_496 * 8192 / 1e15, 2) == 1.16  # PFLOP for the prompt
+    assert round(impl.step_time(per_gpu, 1, 2, *A100) * 1e3, 1) == 8.8  # ms per decode step
+    assert round(impl.step_time(per_gpu, 8192, 2, *A100), 2) == 0.46  # s for an 8k prefill
