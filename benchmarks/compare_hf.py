@@ -246,8 +246,8 @@ def main() -> None:
     agree = sum(a == b for a, b in zip(ref, hf_ref, strict=True))
 
     print("## Setup (printed by benchmarks/compare_hf.py)\n")
-    print(f"- Date: {time.strftime('%Y-%m-%d %H:%M %Z')}; "
-          f"command: `python benchmarks/compare_hf.py {' '.join(sys.argv[1:])}`".rstrip())
+    command = " ".join(["python benchmarks/compare_hf.py", *sys.argv[1:]])
+    print(f"- Date: {time.strftime('%Y-%m-%d %H:%M %Z')}; command: `{command}`")
     print(f"- CPU: {hw['cpu']}, {hw['cores']} cores visible; {hw['os']}")
     print(f"- Python {hw['python']}, numpy {hw['numpy']}, torch {hw['torch']}, "
           f"transformers {hw['transformers']} (attention: {attn_impl}); "

@@ -93,8 +93,9 @@ class LlamaForCausalLM:
         self.vocab_size = config.vocab_size
         self.eos_token_id = config.eos_token_id
         self.max_model_len = int(max_model_len or config.max_position_embeddings)
-        if self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if not 1 <= self.max_model_len <= config.max_position_embeddings:
+            raise ValueError(f"max_model_len must be in [1, {config.max_position_embeddings}] "
+                             f"(the model's max_position_embeddings), got {self.max_model_len}")
         self.inv_freq = rope_inv_freq(config)
         self.scale = config.head_dim ** -0.5
         self.kv_cache: np.ndarray | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]

@@ -244,3 +244,13 @@ def test_bad_arguments_are_rejected_with_the_parameter_name():
         model.execute(make_model_input([Chunk([1], 0, [1])], 4))
     with pytest.raises(ValueError, match="model must be"):
         get_model("")
+    with pytest.raises(ValueError, match="max_model_len"):
+        get_model("tiny-random", max_model_len=4097)
+    assert get_model("tiny-random", max_model_len=100).max_model_len == 100
+
+
+def test_get_model_toy_is_the_control_plane_model():
+    toy = get_model("toy", seed=3)
+    assert type(toy).__name__ == "ToyModel" and toy.vocab_size == 257
+    toy.init_kv_cache(4, 4)
+    assert toy.execute(make_model_input([Chunk([1, 2], 0, [1])], 4)).shape == (1, 257)

@@ -155,6 +155,10 @@ def test_mini_vllm_request_counters_follow_the_cached_formula():
         engine.step()
         computed.append((request.num_computed_tokens, request.num_tokens))
     assert computed == [(8, 9), (9, 10), (10, 11), (11, 12)]
+    # what `python -m mini_vllm generate` shows for this run (02-mini-build.md): one 8-token
+    # prefill, then single-token decodes; blocks of 4 slots in use 2, 3, 3, then all freed
+    assert [sum(s.num_scheduled_tokens.values()) for s in engine.stats] == [8, 1, 1, 1]
+    assert [s.blocks_used for s in engine.stats] == [2, 3, 3, 0]
     assert request.num_computed_tokens == impl.kv_rows_with_cache(8, 4)
     assert impl.kv_rows_no_cache(8, 4) == 8 + 9 + 10 + 11
 

@@ -46,6 +46,8 @@ def test_prefill_is_compute_bound():
     assert impl.compute_utilization(i, ridge) == 1.0
     t = impl.step_time(N8, 2048, 2, *A100)
     assert round(2 * N8 * 2048 / 1e12, 1) == 32.8  # TFLOP of math for the prompt
+    assert round(2 * N8 * 8192 / 1e12) == 131  # and for an 8k prompt (INTERVIEW.md, Q5)
+    assert impl.is_compute_bound(impl.arithmetic_intensity(N8, 8192, 0.5), ridge)  # even in int4
     assert round(t * 1e3) == 105  # the floor on TTFT for a 2,048-token prompt, in ms
     assert round(2048 / t) == 19_500  # tokens per second once compute-bound
 

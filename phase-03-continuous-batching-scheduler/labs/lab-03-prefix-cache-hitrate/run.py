@@ -27,10 +27,10 @@ import pathlib
 import subprocess
 import sys
 
-from course.loader import import_path
+from course import load_impl
 
 HERE = pathlib.Path(__file__).resolve().parent
-_calc = import_path(HERE / "solution.py")  # by path: every lab has a solution.py
+_calc = load_impl(__file__)  # solution.py, or your starter.py with LAB_IMPL=starter
 SYSTEM, prefix_cache_hits = _calc.SYSTEM, _calc.prefix_cache_hits
 blocks_after_admission, format_hit_rate = _calc.blocks_after_admission, _calc.format_hit_rate
 

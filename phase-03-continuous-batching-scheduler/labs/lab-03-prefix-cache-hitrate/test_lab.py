@@ -80,6 +80,26 @@ def test_bad_arguments_are_rejected():
         impl.measure_twin(PROMPTS[:1], max_tokens=1)
 
 
+def test_run_py_reports_the_illustrative_numbers_and_reads_real_counter_names():
+    from course.loader import import_path
+
+    run = import_path(pathlib.Path(__file__).parent / "run.py")
+    prompts = [[1] * run.PREFIX_TOKENS + [1000 + i] * 14 for i in range(16)]
+    fake = {"caching": True, "prompts": prompts, "queries": 7392, "hits": 6720,
+            "preemptions": 0, "answers": ["a", "b"]}
+    text = run.report(fake)
+    assert "predicted: queries=7392 hits=6720 hit rate=90.9% blocks after admission=44" in text
+    assert text.rstrip().endswith("AGREE")
+    assert run.report(dict(fake, hits=6700)).rstrip().endswith("DISAGREE")
+    off = run.report(dict(fake, caching=False, queries=0, hits=0))
+    assert "blocks after admission=464" in off and off.rstrip().endswith("AGREE")
+    loggers = pathlib.Path(__file__).resolve().parents[3] / "upstream/vllm/v1/metrics/loggers.py"
+    if loggers.exists():  # the counter names run.py reads must exist at the pin
+        src = loggers.read_text()
+        for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions"):
+            assert f'name="{name}"' in src
+
+
 @pytest.mark.gpu
 @pytest.mark.vllm
 def test_real_vllm_counters_match_the_calculator():

@@ -64,6 +64,7 @@ def test_identical_whole_prompts_hit_one_block_less_because_the_last_token_is_re
     prompts = [SYSTEM] * 8  # 64 tokens, all identical
     off, on = impl.run_and_count(prompts, False), impl.run_and_count(prompts, True)
     assert on.cached_tokens == [0] + [60] * 7  # (64 - 1) // 4 = 15 blocks, not 16
+    assert (off.total_scheduled_tokens, on.total_scheduled_tokens) == (536, 116)
     assert off.total_scheduled_tokens - on.total_scheduled_tokens == 420
     assert impl.predicted_savings(8, 64, 64, 4) == 420
 
