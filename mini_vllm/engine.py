@@ -170,6 +170,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         schedule_time = time.perf_counter() - t0
+        pool = self.kv_cache_manager.block_pool
+        blocks_used = pool.num_blocks - 1 - pool.get_num_free_blocks()  # the step's peak
         if out.total_num_scheduled_tokens == 0 and self.scheduler.has_unfinished_requests():
             raise RuntimeError("the scheduler scheduled nothing while requests wait: this is a bug")
 
@@ -194,7 +196,6 @@ class LLMEngine:
                 req.metrics.num_cached_tokens = out.num_cached_tokens[req.request_id]
         for req in finished:
             self._finish(req)
-        pool = self.kv_cache_manager.block_pool
         self.stats.append(StepStats(
             step=self.num_steps,
             num_scheduled_tokens=dict(out.num_scheduled_tokens),
@@ -202,7 +203,7 @@ class LLMEngine:
             num_decode_tokens=num_decode,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            blocks_used=pool.num_blocks - 1 - pool.get_num_free_blocks(),
+            blocks_used=blocks_used,
             num_cached_tokens=sum(out.num_cached_tokens.values()),
             preempted=list(out.preempted_req_ids),
             finished=[r.request_id for r in finished],
