@@ -33,6 +33,7 @@ It prints a table (lab, tag, tests, solution, starter), then every violation as
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import os
 import pathlib
@@ -271,6 +272,54 @@ def _parse(path: pathlib.Path) -> tuple[ast.Module | None, str | None]:
         return None, f"{path.name} cannot be read: {exc}"
 
 
+# A task line: a list item, numbered item or heading that opens with a call in
+# backticks, e.g. "- `apply_top_k(logits, k) -> ndarray`: ..." or "### 2. `BlockPool.touch(blocks)`".
+_TASK_CALL = re.compile(
+    r"^\s*(?:[-*+]|\d+\.|#+)\s+(?:\d+\.\s+)?(?:\*\*)?`([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)\(",
+    re.M,
+)
+
+
+def _section(markdown: str, heading: str) -> str:
+    """The body of the ``## heading`` section of a markdown page ('' if absent)."""
+    match = re.search(rf"^## {re.escape(heading)}[^\n]*\n(.*?)(?=^## |\Z)", markdown, re.M | re.S)
+    return match.group(1) if match else ""
+
+
+def unknown_task_names(readme: str, starter: ast.Module) -> list[str]:
+    """Task lines under "What to implement" that name a call the starter lacks.
+
+    A README that tells the learner to write ``evict_tail(...)`` when the starter
+    calls it ``evict_last`` sends them hunting; tiny-llm checks the same drift.
+    A bare ``name(`` must be a top-level name of the starter, one it imports, a
+    method of one of its classes, or a builtin; ``Class.method(`` must be a method
+    of that starter class. Calls on other objects (``engine.step(``) are skipped.
+    """
+    top = {n.name for n in starter.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    top |= {t for n in starter.body for t in _targets(n)}
+    imported = {
+        (a.asname or a.name).split(".")[0]
+        for n in ast.walk(starter)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    }
+    classes = {n.name: n for n in starter.body if isinstance(n, ast.ClassDef)}
+    methods = {
+        m.name for c in classes.values() for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    unknown = []
+    for name in sorted(set(_TASK_CALL.findall(_section(readme, "What to implement")))):
+        owner, _, attr = name.partition(".")
+        if attr:
+            if owner in classes and attr not in {
+                m.name for m in classes[owner].body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }:
+                unknown.append(name)
+        elif not (owner in top or owner in imported or owner in methods or hasattr(builtins, owner)):
+            unknown.append(name)
+    return [f"README.md names `{n}(` under What to implement, but starter.py has no such name" for n in unknown]
+
+
 def static_problems(lab: pathlib.Path) -> list[str]:
     """Files, tag, API and leak checks of one lab folder (no code is run)."""
     problems = [f"missing {name}" for name in REQUIRED_FILES if not (lab / name).is_file()]
@@ -289,6 +338,8 @@ def static_problems(lab: pathlib.Path) -> list[str]:
     if not learner_functions(starter):
         problems.append("starter.py has no function that raises NotImplementedError")
     problems += find_leaks(solution, starter)
+    if (lab / "README.md").is_file():
+        problems += unknown_task_names((lab / "README.md").read_text(encoding="utf-8"), starter)
     test_file = lab / "test_lab.py"
     if test_file.is_file():
         text = test_file.read_text(encoding="utf-8", errors="replace")

@@ -309,3 +309,21 @@ def test_a_statement_shared_with_a_given_helper_is_not_a_leak(tree):
     )
     problems = static(tree, "lab-01-x", **{"solution.py": solution, "starter.py": starter})
     assert problems == []
+
+
+def test_a_task_the_readme_names_but_the_starter_lacks_is_caught():
+    starter = ast.parse(STARTER)
+    readme = (
+        "# Lab\n\n## What to implement\n\n"
+        "- `running_total(values) -> list[int]`: prefix sums.\n"
+        "- `Counter.bump(by)`: add and return.\n"
+        "- `running_sum(values)`: a stale name from an older draft.\n"
+        "- `Counter.reset()`: a method the starter never grew.\n\n"
+        "Calls in running text, like `len(values)` or `engine.step()`, are not tasks.\n\n"
+        "## Notes\n\n- `not_a_task(x)`: outside the section.\n"
+    )
+    problems = labs.unknown_task_names(readme, starter)
+    assert problems == [
+        "README.md names `Counter.reset(` under What to implement, but starter.py has no such name",
+        "README.md names `running_sum(` under What to implement, but starter.py has no such name",
+    ]

@@ -1,12 +1,17 @@
-"""The course tools run over this repository itself (cheap parts only).
+"""The course tools run over this repository itself.
 
-The full lab contract (running every lab with the solution and the starter) is
-`python -m course labs`, a CI step; here only its static part runs.
+The solutions are graded by the main test run itself (every lab's tests run on
+``solution.py`` by default). What that run cannot see is the other half of the
+lab contract: that the shipped starters fail, and fail by NotImplementedError.
+``test_every_shipped_starter_fails_by_not_implemented_error`` runs all lab tests
+once more with LAB_IMPL=starter in one subprocess. ``python -m course labs``
+does both halves with a table, and CI runs it too.
 """
 
 from __future__ import annotations
 
 import pathlib
+import tempfile
 
 import pytest
 
@@ -32,3 +37,20 @@ def test_real_citations_resolve():
 def test_real_book_builds_and_every_link_resolves(tmp_path, capsys):
     status = book.run(ROOT, out=tmp_path / "site", src=tmp_path / "src")
     assert status == 0, "\n".join(capsys.readouterr().out.splitlines()[-40:])
+
+
+def test_every_shipped_starter_fails_by_not_implemented_error():
+    runnable = [lab for lab in LABS if (lab / "test_lab.py").is_file()]
+    with tempfile.TemporaryDirectory(prefix="course-starters-") as tmp:
+        xml = pathlib.Path(tmp) / "starter.xml"
+        proc = labs.run_pytest(ROOT, runnable, "starter", xml)
+        output, _ = proc.communicate(timeout=labs.PYTEST_TIMEOUT_S)
+        assert xml.is_file(), output[-2000:]
+        run = labs.parse_junit(xml, ROOT, runnable)
+    problems = []
+    for lab in runnable:
+        result = labs.LabResult(lab, "?")
+        labs.judge_starter(result, run)
+        problems += [f"{lab.relative_to(ROOT)}: {p}" for p in result.problems]
+        assert run.cases[lab], f"{lab.relative_to(ROOT)}: no test ran on the starter"
+    assert problems == []
