@@ -73,3 +73,19 @@ def test_module_entry_point_and_help():
     for flag in ["--max-tokens", "--block-size", "--num-blocks", "--max-num-batched-tokens",
                  "--enable-caching", "--long-prefill-token-threshold", "--max-num-seqs"]:
         assert flag in res.stdout
+
+
+def test_the_trace_quoted_in_the_course_readme_is_what_the_cli_prints(capsys):
+    """README.md's Quick start quotes this command's trace as captured: keep it true."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    quoted = [ln for ln in quick_start.splitlines() if re.match(r"^\s+\d+\s+\d+\s", ln)]
+    assert len(quoted) >= 4, "the Quick start no longer quotes the trace"
+    code, out = _run(capsys, "generate", "The capital of France is", "--max-tokens", "16")
+    assert code == 0
+    printed = {ln.split()[0]: ln.split() for ln in out.splitlines()[1:] if ln[:4].strip().isdigit()}
+    for line in quoted:
+        assert printed[line.split()[0]] == line.split(), line
