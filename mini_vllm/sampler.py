@@ -1,21 +1,29 @@
 """Sampler: one request's logits row -> one token id.
 
-Order: greedy when ``temperature == 0``; otherwise divide by the temperature,
-then top-k, top-p and min-p filters, then draw from what is left, renormalised.
-Top-k keeps every token tied with the k-th largest logit; top-p keeps the
-smallest set of most likely tokens whose mass reaches ``top_p`` (always at
-least one); min-p keeps tokens with probability >= ``min_p`` x the largest.
+Order, the same as vLLM v1's ``Sampler.sample`` (its class docstring lists
+it as steps 7a-7e, cited first below): greedy when
+``temperature == 0``; otherwise divide by the temperature, then min-p, then
+top-k, then top-p, then softmax and one draw from what is left.
 
-Upstream applies min-p earlier (it is a logits processor that runs before the
-top-k/top-p sampler); the two orders can differ only when min-p and top-p are
-both active, since top-k and min-p both keep "the largest few" and commute.
+- Min-p looks at the softmax of the temperature-scaled logits (the full
+  distribution, before any other filter) and sets to -inf every logit whose
+  probability is below ``min_p`` x the largest probability. It can never remove
+  the most likely token, so it cannot change a greedy pick: upstream calls it
+  an argmax-invariant logits processor and runs it before top-k/top-p.
+- Top-k keeps every token tied with the k-th largest logit.
+- Top-p keeps the smallest set of most likely tokens whose mass reaches
+  ``top_p`` (always at least one). It measures mass after min-p has removed
+  the tail, so min-p then top-p can keep fewer tokens than top-p then min-p.
 
 Each request draws from its own ``np.random.Generator`` (seeded from
 ``SamplingParams.seed``), so its tokens never depend on its batch neighbours.
 
+upstream: vllm/v1/sample/sampler.py:41-48 min_p
 upstream: vllm/v1/sample/sampler.py:238 Sampler.sample
+upstream: vllm/v1/sample/sampler.py:223 Sampler.apply_temperature
+upstream: vllm/v1/sample/sampler.py:277-278 argmax_invariant
+upstream: vllm/v1/sample/logits_processor/builtin.py:101 MinPLogitsProcessor.apply
 upstream: vllm/v1/sample/ops/topk_topp_sampler.py:328 apply_top_k_top_p_pytorch
-upstream: vllm/v1/sample/logits_processor/builtin.py:22 MinPLogitsProcessor
 """
 from __future__ import annotations
 
@@ -43,20 +51,25 @@ class Sampler:
     def probs(self, logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         """The distribution a non-greedy draw uses (after all filters)."""
         logits = np.asarray(logits, dtype=np.float64) / params.temperature
+        if params.min_p > 0.0:
+            logits = _apply_min_p(logits, params.min_p)
         if params.top_k > 0:
             logits = _apply_top_k(logits, params.top_k)
         if params.top_p < 1.0:
             logits = _apply_top_p(logits, params.top_p)
-        probs = _softmax(logits)
-        if params.min_p > 0.0:
-            probs = np.where(probs < params.min_p * probs.max(), 0.0, probs)
-            probs /= probs.sum()
-        return probs
+        return _softmax(logits)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp(logits - logits.max())
     return e / e.sum()
+
+
+def _apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
+    # As upstream: threshold = min_p x the top probability of the full
+    # (temperature-scaled) distribution; tokens strictly below it become -inf.
+    probs = _softmax(logits)
+    return np.where(probs < min_p * probs.max(), -np.inf, logits)
 
 
 def _apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:

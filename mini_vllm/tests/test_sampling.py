@@ -90,6 +90,38 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_max():
     np.testing.assert_allclose(probs[:3], np.array([0.5, 0.3, 0.15]) / 0.95)
 
 
+def test_min_p_runs_before_top_p_as_upstream():
+    # probs [0.5, 0.3, 0.12, 0.08], min_p = 0.2 (threshold 0.1), top_p = 0.85.
+    # Upstream order: min-p drops 0.08, leaving [0.5, 0.3, 0.12] / 0.92; top-p then
+    # sees 0.12 / 0.92 = 0.130 <= 1 - 0.85 at the bottom and drops it too -> {0, 1}.
+    # The old order (top-p on the full row, then min-p) would have kept {0, 1, 2}.
+    logits = np.log(np.array([0.5, 0.3, 0.12, 0.08]))
+    s = Sampler()
+    assert _support(s.probs(logits, SamplingParams(top_p=0.85))) == {0, 1, 2}
+    assert _support(s.probs(logits, SamplingParams(min_p=0.2))) == {0, 1, 2}
+    both = s.probs(logits, SamplingParams(min_p=0.2, top_p=0.85))
+    assert _support(both) == {0, 1}
+    np.testing.assert_allclose(both, [0.625, 0.375, 0.0, 0.0])
+    # and the draw uses exactly that distribution: one choice over the full vocab
+    ref = np.random.default_rng(4).choice(4, p=both)
+    assert s.sample(logits, SamplingParams(min_p=0.2, top_p=0.85), np.random.default_rng(4)) == ref
+
+
+def test_min_p_sees_the_temperature_scaled_distribution():
+    # At T = 1 the ratios to the top token are 0.6, 0.3, 0.1: min_p = 0.4 keeps two.
+    # At T = 2 they become sqrt of those, 0.775, 0.548, 0.316: it keeps three.
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    s = Sampler()
+    assert _support(s.probs(logits, SamplingParams(min_p=0.4))) == {0, 1}
+    assert _support(s.probs(logits, SamplingParams(temperature=2.0, min_p=0.4))) == {0, 1, 2}
+
+
+def test_min_p_never_changes_the_greedy_pick():
+    logits = np.random.default_rng(0).normal(size=64)
+    probs = Sampler().probs(logits, SamplingParams(min_p=1.0, temperature=0.7))
+    assert _support(probs) == {int(np.argmax(logits))}
+
+
 def test_temperature_divides_the_logits():
     logits = np.array([0.0, 1.0])
     probs = Sampler().probs(logits, SamplingParams(temperature=0.5))

@@ -5,16 +5,19 @@ mini_vllm's ``Sampler`` (mini_vllm/sampler.py):
 
     temperature == 0  ->  argmax (no randomness, the generator is not touched)
     otherwise         ->  logits / temperature
+                      ->  min-p   (-inf below min_p x the top probability)
                       ->  top-k   (keep the k largest logits, ties included)
                       ->  top-p   (keep the smallest most-likely set with mass >= p)
                       ->  softmax
-                      ->  min-p   (drop tokens below min_p x the top probability)
                       ->  one draw: generator.choice(vocab, p=probs)
 
-The draw consumes the generator exactly as mini_vllm does, so with the same seed
-the two samplers return the same token, draw after draw.
+This is also vLLM v1's order: min-p is an argmax-invariant logits processor
+that runs on the temperature-scaled logits before the top-k/top-p sampler.
+The draw consumes the generator exactly as mini_vllm does, so with the same
+seed the two samplers return the same token, draw after draw.
 
 upstream: vllm/v1/sample/sampler.py:238 Sampler.sample
+upstream: vllm/v1/sample/logits_processor/builtin.py:101 MinPLogitsProcessor.apply
 upstream: vllm/v1/sample/ops/topk_topp_sampler.py:328 apply_top_k_top_p_pytorch
 """
 from __future__ import annotations
@@ -80,15 +83,20 @@ def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
     return out
 
 
-def apply_min_p(probs: np.ndarray, min_p: float) -> np.ndarray:
-    """Zero every probability below ``min_p`` x the largest one, then renormalise."""
-    probs = np.asarray(probs, dtype=np.float64)
+def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Set to -inf every logit whose probability is below ``min_p`` x the largest.
+
+    The probabilities are the softmax of ``logits`` as given (already divided by
+    the temperature). The most likely token always survives, so min-p never
+    changes a greedy pick. Renormalising is left to the final softmax.
+    """
+    row = _as_row(logits)
     if not 0.0 <= min_p <= 1.0:
         raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     if min_p == 0.0:
-        return probs.copy()
-    kept = np.where(probs < min_p * probs.max(), 0.0, probs)
-    return kept / kept.sum()
+        return row.copy()
+    probs = softmax(row)
+    return np.where(probs < min_p * probs.max(), -np.inf, row)
 
 
 def filtered_probs(
@@ -96,9 +104,10 @@ def filtered_probs(
 ) -> np.ndarray:
     """The distribution a non-greedy draw uses, after every filter, in pipeline order."""
     row = apply_temperature(logits, temperature)
+    row = apply_min_p(row, min_p)
     row = apply_top_k(row, top_k)
     row = apply_top_p(row, top_p)
-    return apply_min_p(softmax(row), min_p)
+    return softmax(row)
 
 
 def sample(

@@ -5,16 +5,19 @@ mini_vllm's ``Sampler`` (mini_vllm/sampler.py):
 
     temperature == 0  ->  argmax (no randomness, the generator is not touched)
     otherwise         ->  logits / temperature
+                      ->  min-p   (-inf below min_p x the top probability)
                       ->  top-k   (keep the k largest logits, ties included)
                       ->  top-p   (keep the smallest most-likely set with mass >= p)
                       ->  softmax
-                      ->  min-p   (drop tokens below min_p x the top probability)
                       ->  one draw: generator.choice(vocab, p=probs)
 
-The draw consumes the generator exactly as mini_vllm does, so with the same seed
-the two samplers return the same token, draw after draw.
+This is also vLLM v1's order: min-p is an argmax-invariant logits processor
+that runs on the temperature-scaled logits before the top-k/top-p sampler.
+The draw consumes the generator exactly as mini_vllm does, so with the same
+seed the two samplers return the same token, draw after draw.
 
 upstream: vllm/v1/sample/sampler.py:238 Sampler.sample
+upstream: vllm/v1/sample/logits_processor/builtin.py:101 MinPLogitsProcessor.apply
 upstream: vllm/v1/sample/ops/topk_topp_sampler.py:328 apply_top_k_top_p_pytorch
 """
 from __future__ import annotations
@@ -76,11 +79,17 @@ def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
     raise NotImplementedError("apply_top_p: your turn (see the docstring)")
 
 
-def apply_min_p(probs: np.ndarray, min_p: float) -> np.ndarray:
-    """Zero every probability below ``min_p`` x the largest one, then renormalise.
+def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Set to -inf every logit whose probability is below ``min_p`` x the largest.
 
-    Recipe: min_p outside [0, 1] -> ValueError naming min_p; 0 -> a copy;
-    else zero the small ones (np.where) and divide by the new sum.
+    The probabilities are the softmax of ``logits`` as given (already divided by
+    the temperature). The most likely token always survives, so min-p never
+    changes a greedy pick. Renormalising is left to the final softmax.
+
+    Recipe: row = _as_row(logits); min_p outside [0, 1] -> ValueError naming
+    min_p; 0 -> a copy. Else probs = softmax(row) and return
+    np.where(probs < min_p * probs.max(), -np.inf, row) (strictly below: a
+    token exactly at the threshold stays).
     """
     raise NotImplementedError("apply_min_p: your turn (see the docstring)")
 
@@ -90,8 +99,9 @@ def filtered_probs(
 ) -> np.ndarray:
     """The distribution a non-greedy draw uses, after every filter, in pipeline order.
 
-    Recipe: temperature, then top-k, then top-p (all on logits), then softmax,
-    then min-p (on probabilities). This order is mini_vllm's.
+    Recipe: temperature, then min-p, then top-k, then top-p (all four on
+    logits), then softmax. This order is mini_vllm's and vLLM's: top-p must
+    measure mass after min-p has cut the tail.
     """
     raise NotImplementedError("filtered_probs: your turn (see the docstring)")
 

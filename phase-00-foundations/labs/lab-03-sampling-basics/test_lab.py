@@ -65,11 +65,58 @@ def test_top_p_keeps_the_smallest_sufficient_nucleus():
     assert np.isfinite(impl.apply_top_p(logits, 1e-9)).sum() == 1  # never empty
 
 
-def test_min_p_drops_the_tail_and_renormalises():
-    probs = np.array([0.5, 0.3, 0.15, 0.05])
-    out = impl.apply_min_p(probs, 0.2)  # threshold 0.1
-    assert out.tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
-    assert np.array_equal(impl.apply_min_p(probs, 0.0), probs)
+def test_min_p_masks_logits_below_a_fraction_of_the_top_probability():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    out = impl.apply_min_p(logits, 0.2)  # threshold 0.2 x 0.5 = 0.1
+    assert np.isfinite(out).tolist() == [True, True, True, False]
+    assert np.array_equal(out[:3], logits[:3])  # survivors keep their logits
+    # the final softmax renormalises over the survivors
+    assert impl.softmax(out).tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
+    assert np.array_equal(impl.apply_min_p(logits, 0.0), logits)
+    # relative, not absolute: adding a constant to every logit changes nothing
+    assert np.isfinite(impl.apply_min_p(logits + 7.0, 0.2)).tolist() == [True, True, True, False]
+    # the most likely token survives even min_p = 1, so greedy is never affected
+    assert np.isfinite(impl.apply_min_p(GUIDE, 1.0)).tolist() == [True, False, False, False, False]
+
+
+# The README's order example: probs [0.5, 0.3, 0.12, 0.08], min_p = 0.2, top_p = 0.85
+ORDER = np.log(np.array([0.5, 0.3, 0.12, 0.08]))
+
+
+def _reversed_order(logits, temperature, top_k, top_p, min_p):
+    """The other order: top-k and top-p on the full distribution, min-p last."""
+    row = impl.apply_temperature(logits, temperature)
+    row = impl.apply_top_p(impl.apply_top_k(row, top_k), top_p)
+    return impl.softmax(impl.apply_min_p(row, min_p))
+
+
+def test_min_p_runs_before_top_p_like_vllm():
+    alone_p = impl.filtered_probs(ORDER, 1.0, top_p=0.85)
+    alone_m = impl.filtered_probs(ORDER, 1.0, min_p=0.2)
+    assert np.count_nonzero(alone_p) == 3 and np.count_nonzero(alone_m) == 3
+    both = impl.filtered_probs(ORDER, 1.0, top_p=0.85, min_p=0.2)
+    assert np.round(both, 3).tolist() == [0.625, 0.375, 0.0, 0.0]
+    assert np.round(_reversed_order(ORDER, 1.0, 0, 0.85, 0.2), 3).tolist() == [
+        0.543, 0.326, 0.130, 0.0
+    ]
+    # after min-p, " 0.12" is 0.130 of what is left: at or below 1 - 0.85, so top-p drops it
+    assert round(0.12 / 0.92, 3) == 0.130
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    top_k=st.sampled_from([0, 2, 8]),
+    top_p=st.sampled_from([0.5, 0.8, 1.0]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3]),
+)
+def test_order_matters_only_for_top_p_and_vllm_order_never_keeps_more(seed, top_k, top_p, min_p):
+    logits = np.random.default_rng(seed).normal(0.0, 2.0, size=24)
+    vllm = impl.filtered_probs(logits, 1.0, top_k, top_p, min_p)
+    other = _reversed_order(logits, 1.0, top_k, top_p, min_p)
+    assert set(np.flatnonzero(vllm)) <= set(np.flatnonzero(other))
+    if top_p == 1.0 or min_p == 0.0:  # min-p commutes with top-k
+        assert np.allclose(vllm, other)
 
 
 def test_temperature_sharpens_or_flattens():
