@@ -95,7 +95,7 @@ class Request:
         self.num_preemptions = 0
         # Chained hashes of the full blocks of all_token_ids; KVCacheManager
         # extends this list as blocks fill (upstream: Request.update_block_hashes).
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[bytes] = []
         self.stop_reason: int | str | None = None
         # Stop strings are matched on text, so they need a decoder.
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
