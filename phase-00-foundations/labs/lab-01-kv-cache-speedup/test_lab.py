@@ -33,11 +33,27 @@ def test_guide_worked_attention_example():
     # scores [1, 0, 1] scaled by 1/sqrt(2) -> softmax ~ [0.40, 0.20, 0.40]
     w = impl.attention_weights(Q3, KEYS)
     assert np.round(w, 3).tolist() == [0.401, 0.198, 0.401]
+    # step 4 of the guide shows four decimals so the products add up: 4.011, 1.978, 2.006
+    assert np.round(w, 4).tolist() == [0.4011, 0.1978, 0.4011]
+    assert [round(float(w[0] * 10), 3), round(float(w[1] * 10), 3), round(float(w[2] * 5), 3)] == [
+        4.011, 1.978, 2.006
+    ]
     # the exponentials the guide shows: exp(0.707) ~ 2.03, and their sum ~ 5.06
     assert round(float(np.exp(1 / np.sqrt(2))), 2) == 2.03
     assert round(float(w[1] ** -1), 2) == 5.06
     out = impl.attend(Q3, KEYS, VALUES)
     assert np.round(out, 2).tolist() == [6.02, 3.98]  # "about [6, 4]"
+
+
+def test_guide_temperature_table_is_a_softmax_of_scaled_logits():
+    # The guide's section 0.8 table: softmax(logits / T) for T = 1, 0.5 and 2.
+    logits = np.array([4.0, 1.5, 1.0, 0.5, -3.0])
+    table = {t: np.round(impl.softmax(logits / t), 3).tolist() for t in (1.0, 0.5, 2.0)}
+    assert table == {
+        1.0: [0.860, 0.071, 0.043, 0.026, 0.001],
+        0.5: [0.990, 0.007, 0.002, 0.001, 0.000],
+        2.0: [0.584, 0.167, 0.130, 0.101, 0.018],
+    }
 
 
 def test_attend_counts_one_score_per_key():
@@ -70,6 +86,34 @@ def test_cached_prefill_gives_bit_identical_logits_to_a_fresh_forward():
     impl.forward(model, tokens[5:7], 5, cache, meter)
     last = impl.forward(model, tokens[7:], 7, cache, meter)
     assert np.array_equal(whole, last)
+
+
+def _reference_logits(model, tokens):
+    """An independent forward over the whole sequence: all rows at once, an explicit
+    causal mask, the same weights. It shares no code with the learner's forward."""
+    xs = np.stack([model.embed(t, p) for p, t in enumerate(tokens)])
+    n = len(tokens)
+    for layer in range(model.n_layers):
+        q, k, v = xs @ model.wq[layer].T, xs @ model.wk[layer].T, xs @ model.wv[layer].T
+        scores = q @ k.T / np.sqrt(model.d_model)
+        scores[np.triu_indices(n, 1)] = -np.inf  # row i sees keys 0..i only
+        w = np.exp(scores - scores.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        xs = np.tanh(xs + (w @ v) @ model.wo[layer].T)  # TinyModel.mix, row by row
+    return xs[-1] @ model.w_lm.T
+
+
+def test_forward_matches_an_independent_full_attention_reference():
+    # Both loops agreeing proves nothing if both share a broken forward (say, one that
+    # computes each layer's output and never passes it on). Pin forward to the math.
+    for seed, tokens in ((0, [3, 1, 4, 1, 5, 9, 2, 6]), (3, [7]), (1, [0, 47, 12, 12, 30])):
+        model = impl.TinyModel(seed=seed)
+        got = impl.forward(model, tokens, 0, model.new_cache(len(tokens)), impl.WorkMeter())
+        assert np.allclose(got, _reference_logits(model, tokens), rtol=1e-9, atol=1e-9)
+    model = impl.TinyModel(seed=2)
+    tokens, _ = impl.generate_with_cache(model, [5, 6, 7], 6)
+    for i in range(3, len(tokens)):  # every greedy pick is the reference's argmax
+        assert tokens[i] == int(np.argmax(_reference_logits(model, tokens[:i])))
 
 
 def test_no_cache_work_is_the_arithmetic_series():

@@ -47,6 +47,7 @@ def test_parameter_counts_come_from_the_configs():
     # the MLP holds about 70% of Llama-3.1-8B's weights
     mlp = L8.num_layers * 3 * L8.hidden_size * L8.intermediate_size
     assert round(mlp / impl.num_params(L8), 3) == 0.702
+    assert L8.intermediate_size / L8.hidden_size == 3.5  # the guide's "3.5 times the hidden size"
 
 
 def test_llama3_8b_concurrency_with_real_weights_and_units():
@@ -75,6 +76,7 @@ def test_gqa_saves_vs_mha():
     assert mha == 524_288 == 512 * KiB
     assert mha // per_token(L8) == 4
     seq = impl.kv_bytes_per_seq(mha, 2048)
+    assert seq == GiB  # EXERCISES item 12: 1 GiB per 2,048-token sequence without GQA
     assert impl.max_concurrent_seqs(24 * GiB, 16 * GiB, seq) == 8
 
 

@@ -35,6 +35,7 @@ def test_decode_step_memory_time_dwarfs_compute_time():
     mem = impl.step_time(N8, 1, 2, *A100)
     assert mem == pytest.approx(0.008)  # 16 GB at 2 TB/s: 8 ms
     compute_only = 2 * N8 / impl.A100_PEAK_FLOPS  # 16 GFLOP at 312 TFLOP/s
+    assert 2 * N8 == 16e9  # the guide's "about 16 billion FLOPs" per token
     assert round(compute_only * 1e3, 3) == 0.051  # ms
     assert mem / compute_only == pytest.approx(156.0)  # the ridge again, not "about 160"
 
@@ -58,6 +59,10 @@ def test_critical_batch_size_is_the_ridge():
     assert not impl.is_compute_bound(impl.arithmetic_intensity(N8, 155, 2), ridge)
     assert impl.is_compute_bound(impl.arithmetic_intensity(N8, 156, 2), ridge)
     assert impl.critical_batch_size(ridge, 1) == 78  # fp8 weights halve it
+    # a fractional ridge (the H100's 295.2) rounds up: 295 tokens would still be memory-bound
+    h100 = impl.ridge_point(*H100)
+    assert impl.critical_batch_size(h100, 2) == 296
+    assert not impl.is_compute_bound(impl.arithmetic_intensity(N8, 295, 2), h100)
 
 
 def test_decode_speed_limit_8b_fp16():

@@ -103,8 +103,12 @@ def test_zero_merges_is_the_byte_tokenizer(text):
 
 
 def test_byte_baseline_matches_mini_vllm_byte_tokenizer():
-    tok_mod = pytest.importorskip("mini_vllm.tokenizer", reason="mini_vllm.tokenizer not built yet")
-    tok = tok_mod.ByteTokenizer()
+    from mini_vllm.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    # the guide: 256 byte values plus one end-of-sequence id (256), 257 entries in all
+    assert (tok.vocab_size, tok.eos_token_id) == (257, 256)
+    assert max(impl.encode(CORPUS, [])) < tok.eos_token_id  # bytes never collide with EOS
     for text in (CORPUS[:500], impl.HELD_OUT, "naïve café, 東京"):
         assert impl.encode(text, []) == tok.encode(text)
         assert impl.decode(tok.encode(text), []) == text

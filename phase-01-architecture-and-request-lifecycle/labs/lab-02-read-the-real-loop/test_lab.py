@@ -31,7 +31,9 @@ UPSTREAM = HERE.parents[2] / "upstream"
 # 16 output tokens. Written by hand in vLLM v0.22.1's formats; not captured.
 P = "(EngineCore pid=4242) "
 SAMPLE = [
-    "INFO 05-14 10:11:02 [entrypoints/utils.py:253] non-default args: {'model': 'facebook/opt-125m'}",
+    "INFO 05-14 10:11:02 [entrypoints/utils.py:278] non-default args: {'max_model_len': 256, "
+    "'gpu_memory_utilization': 0.4, 'enable_logging_iteration_details': True, "
+    "'model': 'facebook/opt-125m'}",
     P + "INFO 05-14 10:11:05 [v1/engine/core.py:112] Initializing a V1 LLM engine (v0.22.1) with "
     "config: model='facebook/opt-125m', speculative_config=None, tokenizer='facebook/opt-125m'",
     P + "INFO 05-14 10:11:19 [v1/core/kv_cache_utils.py:1733] GPU KV cache size: 233,008 tokens",
@@ -65,7 +67,7 @@ def test_parse_line_splits_header_and_message():
     )
     front = impl.parse_line(SAMPLE[0])
     assert (front.process, front.pid, front.level, front.source, front.lineno) == (
-        None, None, "INFO", "entrypoints/utils.py", 253,
+        None, None, "INFO", "entrypoints/utils.py", 278,
     )
     assert front.message.startswith("non-default args:")
 

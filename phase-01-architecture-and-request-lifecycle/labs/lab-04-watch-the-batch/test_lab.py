@@ -84,6 +84,25 @@ def test_the_probe_does_not_change_what_the_engine_does():
     assert [r.scheduled for r in records] == [s.num_scheduled_tokens for s in plain.stats]
 
 
+def test_the_probe_keeps_a_copy_not_the_schedulers_dict(monkeypatch):
+    # A producer may reuse or clear its output once the step is over. Simulate one: a
+    # probe that stored the scheduler's own dict would now hold only empty dicts.
+    from mini_vllm.scheduler import Scheduler
+
+    original = Scheduler.update_from_output
+
+    def update_then_clear(self, scheduler_output, *args, **kwargs):
+        finished = original(self, scheduler_output, *args, **kwargs)
+        scheduler_output.num_scheduled_tokens.clear()
+        return finished
+
+    monkeypatch.setattr(Scheduler, "update_from_output", update_then_clear)
+    ids, records = impl.trace_batches([A, B], max_tokens=4, max_num_batched_tokens=8)
+    assert [named(ids, r.scheduled) for r in records[:3]] == [
+        {"A": 8}, {"A": 3, "B": 5}, {"A": 1, "B": 2},
+    ]
+
+
 def test_prediction_matches_the_worked_example():
     assert impl.predict_batches([11, 7], 4, 8) == [
         {0: 8}, {0: 3, 1: 5}, {0: 1, 1: 2}, {0: 1, 1: 1}, {0: 1, 1: 1}, {1: 1},

@@ -86,6 +86,13 @@ def test_block_size_trades_tail_waste_for_table_length():
     assert rows == [(1, 0, 33), (4, 3, 9), (16, 15, 3), (64, 31, 1), (256, 223, 1)]
 
 
+def test_tail_waste_and_table_length_for_the_exercise_workloads():
+    # EXERCISES 2: a 100-token request wastes 12 slots at block size 16, 28 at 64
+    assert impl.block_size_sweep(100, [16, 64]) == [(16, 12, 7), (64, 28, 2)]
+    # EXERCISES 17: a 30,000-token document needs 1,875 table entries at 16, 469 at 64
+    assert impl.block_size_sweep(30_000, [16, 64]) == [(16, 0, 1875), (64, 16, 469)]
+
+
 def test_occupancy_picture_matches_the_counts():
     contiguous, paged = impl.occupancy([33] * 64, TOTAL, MAX_LEN, BLOCK)
     assert len(contiguous) == len(paged) == TOTAL

@@ -32,6 +32,25 @@ def test_guide_numbers_for_llama_8b():
     assert (8 * GiB) // per_conversation == 32  # 8 GiB of KV space -> 32 such conversations
 
 
+def test_exercise_numbers_for_qwen_and_a_shared_system_prompt():
+    qwen = impl.kv_spec_from_hf_config(impl.MODEL_CONFIGS["Qwen/Qwen2.5-0.5B-Instruct"])
+    # EXERCISES 4: 8,192 B per layer per 16-token block, 196,608 B = 192 KiB across 24 layers
+    assert impl.page_size_bytes(qwen, 16) == 8_192
+    assert impl.page_size_bytes(qwen, 16) * qwen.num_layers == 196_608 == 192 * 1024
+    # EXERCISES 14: 100 requests of a 4,096-token system prompt + 50 tokens on Llama-3.1-8B
+    llama = impl.kv_spec_from_hf_config(impl.MODEL_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"])
+    per_token = impl.kv_bytes_per_token(llama)
+    without = 100 * (4096 + 50) * per_token
+    shared, tails = 4096 * per_token, 100 * 50 * per_token
+    assert round(without / GiB, 1) == 50.6
+    assert (shared, tails) == (512 * (1 << 20), 625 * (1 << 20))
+    assert round((shared + tails) / GiB, 2) == 1.11
+    assert round(without / (shared + tails), 1) == 45.6
+    # EXERCISES 17: at block size 64 a prompt must have at least 65 tokens to ever hit
+    assert impl.expected_prefix_hit_rate(64, 8, 64) == 0.0
+    assert impl.expected_prefix_hit_rate(65, 8, 64) > 0.0
+
+
 def test_config_defaults_without_gqa_or_head_dim():
     spec = impl.kv_spec_from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4,
                                         "hidden_size": 64})
@@ -69,6 +88,7 @@ def test_illustrative_opt_125m_capacity_at_two_utilizations():
     assert round(half["max_concurrency"], 2) == 142.22
     assert f"{half['num_gpu_blocks'] * half['block_bytes_all_layers'] / GiB:.2f}" == "10.00"
     assert (high["num_gpu_blocks"], high["kv_cache_tokens"]) == (35_680, 570_880)
+    assert round(high["max_concurrency"], 2) == 278.75
     # 0.9 / 0.5 = 1.8x the budget but 1.96x the blocks: the fixed costs do not scale
     assert round(high["num_gpu_blocks"] / half["num_gpu_blocks"], 2) == 1.96
 

@@ -61,6 +61,33 @@ def test_triton_kernel_matches_reference_with_ragged_lengths():
 
 
 @pytest.mark.triton
+def test_launcher_runs_the_triton_kernel_not_a_torch_fallback(monkeypatch):
+    """The output must come from a launch of ``_paged_decode_kernel``, a real ``@triton.jit``
+    function (on a CPU, run by Triton's interpreter), not from torch code in the launcher."""
+    import os
+
+    import torch
+    import triton
+
+    kernel = impl._paged_decode_kernel
+    assert isinstance(kernel, triton.runtime.jit.KernelInterface)  # made by @triton.jit
+    assert torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    grids = []
+
+    class CountLaunches:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(impl, "_paged_decode_kernel", CountLaunches())
+    q, kc, vc, tables, lens = impl.make_paged_inputs([9, 3], 2, 1, 8, block_size=4, seed=7)
+    out = impl.paged_decode_attention(q, kc, vc, tables, lens)
+    assert len(grids) == 1 and tuple(grids[0]) == (2, 2)  # one program per (sequence, head)
+    torch.testing.assert_close(out, impl.paged_decode_torch(q, kc, vc, tables, lens),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.triton
 def test_single_token_sequence_returns_its_value_row():
     import torch
 

@@ -67,6 +67,28 @@ def test_last_token_is_always_recomputed():
     assert impl.prefill(kv, req(one_block)) == 0  # exactly one block: 3 usable tokens
 
 
+def test_a_fully_cached_48_token_prompt_at_block_size_16_hits_32():
+    """EXERCISES 3: the cap is 47 tokens, which is 2 whole blocks of 16."""
+    kv = KVCacheManager(16, 16)
+    prompt = list(range(500, 548))
+    assert impl.prefill(kv, req(prompt)) == 0
+    second = req(prompt)
+    assert impl.prefill(kv, second) == 32
+    assert impl.ref_counts(kv, second) == [2, 2, 1]  # the last 16 tokens go to a new block
+
+
+def test_three_sharers_finishing_b_c_a_leave_the_prefix_for_last():
+    """EXERCISES 12: a 2-block shared prefix, one private block each, freed B, C, A."""
+    kv = KVCacheManager(10, BLOCK)
+    shared = list(range(200, 208))
+    a, b, c = (req(shared + [t] * 4) for t in (1, 2, 3))
+    assert [impl.prefill(kv, r) for r in (a, b, c)] == [0, 8, 8]
+    assert [kv.get_block_ids(r.request_id) for r in (a, b, c)] == [[1, 2, 3], [1, 2, 4], [1, 2, 5]]
+    for r in (b, c, a):
+        kv.free(r)
+    assert impl.eviction_order(kv) == [6, 7, 8, 9, 4, 5, 3, 2, 1]
+
+
 def test_prompt_shorter_than_a_block_never_hits():
     kv = KVCacheManager(64, BLOCK)
     cached = [impl.prefill(kv, req([1, 2, 3])) for _ in range(8)]

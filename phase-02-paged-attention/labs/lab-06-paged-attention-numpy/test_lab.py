@@ -154,6 +154,42 @@ def test_decode_loop_writes_one_slot_per_step_and_stays_exact():
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+def test_script_example_prints_the_readme_numbers():
+    """`python solution.py`: table [5, 2, 7], block size 16, 35 tokens, seed 0."""
+    rng = np.random.default_rng(0)
+    k_cache = rng.standard_normal((8, 16, 2, 8))
+    v_cache = rng.standard_normal((8, 16, 2, 8))
+    q = rng.standard_normal((4, 8))
+    out = impl.paged_attention(q, k_cache, v_cache, [5, 2, 7], 35, 16)
+    assert np.round(out[0, :4], 4).tolist() == [0.2508, -0.135, 0.2772, 0.0861]
+
+
+def test_online_softmax_block_by_block_agrees_below_1e_15():
+    """EXERCISES 13: lab 04's loop in numpy, against your paged_attention."""
+    rng = np.random.default_rng(0)
+    k_cache = rng.standard_normal((8, 16, KV_HEADS, DIM))
+    v_cache = rng.standard_normal((8, 16, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM))
+    table, seq_len, bs = [5, 2, 7], 35, 16
+    online = np.empty_like(q)
+    group = HEADS // KV_HEADS
+    for h in range(HEADS):
+        m, denom, acc = -np.inf, 0.0, np.zeros(DIM)
+        for logical in range(-(-seq_len // bs)):
+            n = min(bs, seq_len - logical * bs)
+            k = k_cache[table[logical], :n, h // group]
+            v = v_cache[table[logical], :n, h // group]
+            s = k @ q[h] / np.sqrt(DIM)
+            m_new = max(m, s.max())
+            p = np.exp(s - m_new)
+            acc = acc * np.exp(m - m_new) + p @ v
+            denom = denom * np.exp(m - m_new) + p.sum()
+            m = m_new
+        online[h] = acc / denom
+    got = impl.paged_attention(q, k_cache, v_cache, table, seq_len, bs)
+    assert np.abs(online - got).max() < 1e-15
+
+
 def test_write_kv_rejects_mismatched_rows():
     k_cache = np.zeros((2, 4, 1, 2))
     v_cache = np.zeros((2, 4, 1, 2))

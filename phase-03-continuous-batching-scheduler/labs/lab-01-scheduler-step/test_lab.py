@@ -82,14 +82,14 @@ def test_running_decode_is_served_before_a_waiting_prompt():
 
 def test_admission_stops_at_the_first_request_that_does_not_fit():
     kv = impl.FakeKV(num_blocks=5, block_size=4)  # 4 usable blocks = 16 slots
-    a, b, c = impl.Req("A", 16, 4), impl.Req("B", 8, 4), impl.Req("C", 1, 1)
+    a, b, c = impl.Req("A", 12, 4), impl.Req("B", 8, 4), impl.Req("C", 1, 1)
     running, waiting = [], deque([a, b, c])
     out = impl.schedule_step(running, waiting, kv, 2048, 8)
-    # A takes all 4 blocks; B cannot fit, and C (which would fit nowhere either)
-    # does not jump the queue: head-of-line blocking is the FCFS choice.
-    assert out.num_scheduled_tokens == {"A": 16}
+    # A takes 3 blocks and 1 stays free. B needs 2 and cannot fit. C needs 1 and
+    # would fit, but it does not jump the queue: head-of-line blocking is the FCFS choice.
+    assert out.num_scheduled_tokens == {"A": 12}
     assert [r.request_id for r in waiting] == ["B", "C"]
-    assert kv.num_free_blocks == 0
+    assert kv.num_free_blocks == 1 and kv.blocks_needed(c, 1) == 1
 
 
 def test_preemption_evicts_the_newest_running_request_and_resets_it():

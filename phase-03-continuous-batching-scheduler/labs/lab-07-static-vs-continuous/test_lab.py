@@ -32,6 +32,7 @@ def test_continuous_beats_static_on_throughput_and_mean_ttft():
 
 def test_the_workload_is_seeded_and_mixed():
     assert len(WORKLOAD) == 32 and WORKLOAD == impl.poisson_workload()
+    assert WORKLOAD == impl.poisson_workload(num_requests=32, rate=0.25, seed=0)
     assert {a.prompt_len for a in WORKLOAD} <= {16, 32, 64, 128}
     assert {a.max_tokens for a in WORKLOAD} <= {4, 8, 16, 32, 64, 128}
     assert len({a.max_tokens for a in WORKLOAD}) >= 5  # high variance in output length
@@ -45,6 +46,7 @@ def test_every_request_gets_all_its_tokens_and_the_same_tokens_in_both_modes():
     runs = get_runs()
     want = {a.request_id: a.max_tokens for a in WORKLOAD}
     assert sum(want.values()) == 1596 and 1596 / 32 == 49.875  # about 50 tokens of service each
+    assert round(8 / (sum(want.values()) / len(want)), 2) == 0.16  # EXERCISES 17: <= 0.16 req/step
     for res in runs.values():
         assert {t.request_id: len(t.token_steps) for t in res.timelines} == want
     # Batching decides *when* tokens are computed, never *which* tokens come out.
@@ -94,6 +96,7 @@ def test_littles_law_holds_exactly_over_the_run():
 
 def test_saturation_throughput_flattens_below_the_seat_cap_while_ttft_climbs():
     rows = impl.load_sweep()
+    assert [r["rate"] for r in rows] == [0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5]
     thr = [r["throughput"] for r in rows]
     ttft = [r["ttft_mean"] for r in rows]
     assert thr == sorted(thr) and all(t < 8 for t in thr)
