@@ -113,7 +113,7 @@ class Scheduler:
         self.finished_req_ids = set()
         token_budget = self.max_num_batched_tokens
 
-        # Pass 1: RUNNING. upstream: vllm/v1/core/sched/scheduler.py:441-474 preempted_req
+        # Pass 1: RUNNING. upstream: vllm/v1/core/sched/scheduler.py:441-491 preempted_req
         i = 0
         while token_budget > 0 and i < len(self.running):
             request = self.running[i]
