@@ -13,6 +13,12 @@
      ``EXERCISES``, ``INTERVIEW``, ``CHEATSHEET``, then any other page of the
      phase), and "Reference" (``GLOSSARY.md``, ``CAREER.md``, ``PUBLISHING.md``
      and any other top-level page). Titles are the pages' first headings.
+   * Every upstream citation of a copied page (the code-span syntax that
+     ``python -m course cite`` checks, outside fenced blocks, headings and
+     existing links) becomes a link to its line on GitHub at the pinned commit
+     of ``course/upstream.py``. When ``upstream/`` is present, the link's
+     ``title`` (the hover tooltip) also shows the first cited lines. The
+     repository's own pages are never changed.
    * Static files a page may link to: the Python files of the phases, of
      ``mini_vllm/`` and of ``course/``, a few root files (``pyproject.toml``,
      ``conftest.py``, ``book.toml``, ``LICENSE``), and images (``*.svg``, and
@@ -37,6 +43,7 @@ Problems print as ``page.html: href: why`` (or ``page.md:LINE: why``); exit 1.
 from __future__ import annotations
 
 import dataclasses
+import html
 import html.parser
 import os
 import pathlib
@@ -45,9 +52,12 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import urllib.parse
 
+from course import cite
 from course.errors import CourseError
+from course.upstream import PIN
 
 START_DOCS = ("SETUP.md", "UPSTREAM_PIN.md")
 REFERENCE_DOCS = ("GLOSSARY.md", "CAREER.md", "PUBLISHING.md")
@@ -85,6 +95,8 @@ class Chapter:
 class Plan:
     intro: Chapter | None
     parts: list[tuple[str, list[Chapter]]]
+    citations: int = 0  # citations turned into GitHub links by assemble()
+    previews: int = 0  # of which carry the cited lines in their title
 
     def pages(self) -> list[str]:
         chapters = [self.intro] if self.intro else []
@@ -282,6 +294,118 @@ def asset_files(root: pathlib.Path) -> list[str]:
     return sorted(found)
 
 
+# ---------------------------------------------------------------------------
+# Citations of upstream/ become links to GitHub at the pin
+# ---------------------------------------------------------------------------
+
+GITHUB_BLOB = f"{PIN.git_url.removesuffix('.git')}/blob/{PIN.commit}"
+PREVIEW_LINES = 8  # cited lines shown in a link's tooltip, at most
+PREVIEW_WIDTH = 100  # characters per shown line, at most
+HEADING_LINE_RE = re.compile(r"^ {0,3}#{1,6}(\s|$)")
+ESCAPED_RE = re.compile(r"\\.")
+
+
+def citation_url(path: str, start: int, end: int) -> str:
+    """The cited line (``#L333``) or range (``#L390-L392``) on GitHub at the pinned commit."""
+    anchor = f"#L{start}" if end == start else f"#L{start}-L{end}"
+    return f"{GITHUB_BLOB}/{urllib.parse.quote(path)}{anchor}"
+
+
+def citation_preview(upstream: cite.Upstream, path: str, start: int, end: int) -> str | None:
+    """The first cited lines, dedented and trimmed; None when they cannot be read."""
+    lines = upstream.lines(path)
+    if lines is None or start < 1 or end < start or end > len(lines):
+        return None
+    shown = [ln.expandtabs(4).rstrip() for ln in lines[start - 1 : end]]
+    more = len(shown) > PREVIEW_LINES
+    shown = textwrap.dedent("\n".join(shown[:PREVIEW_LINES])).strip("\n").splitlines()
+    shown = [ln if len(ln) <= PREVIEW_WIDTH else ln[: PREVIEW_WIDTH - 1] + "…" for ln in shown]
+    if more:
+        shown.append("…")
+    return "\n".join(shown) if any(ln.strip() for ln in shown) else None
+
+
+def html_attribute(value: str) -> str:
+    """``value`` escaped for a double-quoted attribute of inline HTML in markdown.
+
+    Besides ``& < > "``, a pipe would split a table cell, a backtick could start a
+    code span and a newline would end a table row, so they become entities too.
+    """
+    escaped = html.escape(value, quote=True)
+    return escaped.replace("|", "&#124;").replace("`", "&#96;").replace("\n", "&#10;")
+
+
+def _inside_link(line: str, spans: list[re.Match[str]], span: re.Match[str]) -> bool:
+    """Whether ``span`` is already the text of a markdown link or of an ``<a>`` tag."""
+    masked = ESCAPED_RE.sub("xx", line)
+    for other in spans:  # brackets inside code spans are not brackets
+        masked = masked[: other.start()] + "x" * len(other.group(0)) + masked[other.end() :]
+    before, after = masked[: span.start()], masked[span.end() :]
+    if len(re.findall(r"<a\b", before, re.I)) > len(re.findall(r"</a\s*>", before, re.I)):
+        return True
+    open_brackets = 0
+    for char in before:
+        if char == "[":
+            open_brackets += 1
+        elif char == "]" and open_brackets:
+            open_brackets -= 1
+    depth = floor = open_brackets  # floor: brackets opened before the span, still open
+    for i, char in enumerate(after):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            if depth == floor:  # closes a bracket opened before the span
+                if after[i + 1 : i + 2] in ("(", "["):
+                    return True
+                floor -= 1
+                if floor == 0:
+                    break
+            depth -= 1
+    return False
+
+
+def link_citations(text: str, upstream: cite.Upstream | None = None) -> tuple[str, int, int]:
+    """Turn every upstream citation of a markdown page into a link to GitHub.
+
+    Citations are found as ``python -m course cite`` finds them (code spans
+    matching its ``CITATION_RE``, fenced blocks skipped). Headings are left alone
+    (their text is already a link to themselves), and so is a citation that is
+    already a link's text. With ``upstream`` the link is an inline ``<a>`` whose
+    ``title`` holds the cited lines; without it, a markdown link. The code span
+    itself is kept, so the page shows and the search index finds the same text.
+
+    Returns the new text, the number of links made and how many carry lines.
+    """
+    lines = text.splitlines(keepends=True)
+    bare = [ln.rstrip("\r\n") for ln in lines]
+    links = previews = 0
+    for number, (line, in_fence) in enumerate(zip(bare, cite.fenced(bare), strict=True)):
+        if in_fence or HEADING_LINE_RE.match(line):
+            continue
+        spans = list(cite.CODE_SPAN_RE.finditer(line))
+        pieces, last = [], 0
+        for span in spans:
+            match = cite.CITATION_RE.match(cite.span_content(span).strip())
+            if not match or _inside_link(line, spans, span):
+                continue
+            path, start, end, _symbol = match.groups()
+            first = int(start)
+            url = citation_url(path, first, int(end) if end else first)
+            shown = citation_preview(upstream, path, first, int(end or start)) if upstream else None
+            if shown is None:
+                link = f"[{span.group(0)}]({url})"
+            else:
+                link = f'<a href="{html_attribute(url)}" title="{html_attribute(shown)}">'
+                link += f"{span.group(0)}</a>"
+                previews += 1
+            pieces += [line[last : span.start()], link]
+            last = span.end()
+            links += 1
+        if pieces:
+            lines[number] = "".join(pieces) + line[last:] + lines[number][len(line) :]
+    return "".join(lines), links, previews
+
+
 def assemble(root: pathlib.Path, src: pathlib.Path) -> Plan:
     """Write the book source to ``src`` (wiped first); returns the plan it followed."""
     if src.exists():
@@ -295,6 +419,15 @@ def assemble(root: pathlib.Path, src: pathlib.Path) -> Plan:
         target = src / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, target)
+    upstream_dir = root / "upstream"
+    upstream = cite.Upstream(upstream_dir) if upstream_dir.is_dir() else None
+    for rel in plan.pages():
+        page = src / rel
+        text, links, previews = link_citations(page.read_text(encoding="utf-8"), upstream)
+        if links:
+            page.write_text(text, encoding="utf-8")
+        plan.citations += links
+        plan.previews += previews
     (src / "SUMMARY.md").write_text(summary_text(plan), encoding="utf-8")
     return plan
 
@@ -507,6 +640,8 @@ def run(
         problems += check_fences(root, plan.pages())
         problems += build(root, src, out)
         echo(f"assembled {len(plan.pages())} pages in {src}; built the site in {out}")
+        shown = f", {plan.previews} showing the cited lines" if plan.previews else ""
+        echo(f"linked {plan.citations} upstream citations to GitHub at {PIN.commit[:7]}{shown}")
     if (out / "index.html").is_file():
         link_problems = check_site(out)
         problems += link_problems

@@ -63,25 +63,37 @@ def iter_markdown(root: pathlib.Path) -> Iterator[pathlib.Path]:
     yield from sorted(found)
 
 
-def code_spans(text: str) -> Iterator[tuple[int, str]]:
-    """(line number, content) of every single-line inline code span outside fences."""
+def fenced(lines: Iterable[str]) -> Iterator[bool]:
+    """For each line, whether it belongs to a fenced code block (its fences included)."""
     fence: str | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
+    for line in lines:
         match = FENCE_RE.match(line)
         if fence is None:
             if match:
                 fence = match.group(1)
-                continue
-        else:
-            if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence):
-                if not line.strip()[len(match.group(1)) :].strip():
-                    fence = None
+            yield fence is not None
             continue
-        for span in CODE_SPAN_RE.finditer(line):
-            content = span.group(2)
-            if len(span.group(1)) > 1 and content.startswith(" ") and content.endswith(" "):
-                content = content[1:-1]
-            yield number, content
+        if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence):
+            if not line.strip()[len(match.group(1)) :].strip():
+                fence = None
+        yield True
+
+
+def span_content(span: re.Match[str]) -> str:
+    """The content of a CODE_SPAN_RE match, one padding space dropped as CommonMark does."""
+    content = span.group(2)
+    if len(span.group(1)) > 1 and content.startswith(" ") and content.endswith(" "):
+        content = content[1:-1]
+    return content
+
+
+def code_spans(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, content) of every single-line inline code span outside fences."""
+    lines = text.splitlines()
+    for number, (line, in_fence) in enumerate(zip(lines, fenced(lines), strict=True), start=1):
+        if not in_fence:
+            for span in CODE_SPAN_RE.finditer(line):
+                yield number, span_content(span)
 
 
 def find_citations(doc: pathlib.Path) -> Iterator[Citation]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import html.parser
 import pathlib
 import shutil
 
 import pytest
 
-from course import book
+from course import book, cite
 from course.errors import CourseError
+from course.upstream import PIN
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAV = "[Course home](README.md)"
@@ -50,9 +52,13 @@ GOOD = {
     "phase-00-foundations/labs/lab-01-kv/starter.py": "def f():\n    raise NotImplementedError\n",
     "phase-00-foundations/labs/lab-01-kv/plot.svg": "<svg xmlns='http://www.w3.org/2000/svg'/>\n",
     "phase-00-foundations/CHEATSHEET.md": "# Phase 00 cheatsheet\n",
-    "phase-01-architecture/01-deep-dive.md": "# Phase 01 — Deep dive\n",
+    "phase-01-architecture/01-deep-dive.md": """
+        # Phase 01 — Deep dive
+
+        The pool starts at `vllm/x.py:1-2 Pool` and `vllm/x.py:2 Pool.take` hands out blocks.
+        """,
     "upstream/README.md": "# not to be published\n",
-    "upstream/vllm/x.py": "x = 1\n",
+    "upstream/vllm/x.py": "class Pool:\n    def take(self) -> list[int]:  # a < b & c\n",
     ".venv/lib/site.py": "x = 1\n",
     "mini_vllm/__pycache__/scheduler.cpython-311.pyc": "junk\n",
 }
@@ -97,6 +103,114 @@ def test_good_fixture_builds_with_no_problems_and_publishes_nothing_private(repo
     published = {p.relative_to(out).as_posix() for p in out.rglob("*")}
     assert not [p for p in published if p.startswith(("upstream", ".venv")) or "__pycache__" in p]
     assert capsys.readouterr().out.splitlines()[-1] == "book OK"
+
+
+def test_built_page_links_citations_to_github_with_the_cited_lines_as_title(repo, capsys):
+    page = "phase-01-architecture/01-deep-dive.md"
+    before = (repo / page).read_text()
+    assert book.run(repo) == 0, capsys.readouterr().out
+    assert "linked 2 upstream citations to GitHub at 0decac0, 2 showing the cited lines" in (
+        capsys.readouterr().out.splitlines()
+    )
+    assert (repo / page).read_text() == before  # only the copy in build/book-src changes
+    built = (repo / "build/book" / page).with_suffix(".html").read_text()
+    assert (
+        f'<a href="{BLOB}/vllm/x.py#L2" title="def take(self) -&gt; list[int]:  # a &lt; b &amp; c">'
+        "<code>vllm/x.py:2 Pool.take</code></a>"
+    ) in built
+    anchors = AnchorParser()
+    anchors.feed(built)
+    assert (
+        f"{BLOB}/vllm/x.py#L1-L2",
+        "class Pool:\n    def take(self) -> list[int]:  # a < b & c",
+        "vllm/x.py:1-2 Pool",
+    ) in anchors.found
+    index = next((repo / "build/book").glob("searchindex*.js")).read_text()
+    assert "vllm/x.py:2 Pool.take" in index  # search still finds the citation's text
+
+
+# ---- citations become links to GitHub at the pin ------------------------------------
+
+
+class AnchorParser(html.parser.HTMLParser):
+    """(href, title, text) of every ``<a>`` with a title, as a browser reads them."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, str, str]] = []
+        self.open: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        values = dict(attrs)
+        if tag == "a" and values.get("title") is not None:
+            self.open = [values.get("href") or "", values["title"], ""]
+
+    def handle_data(self, data):
+        if self.open is not None:
+            self.open[2] += data
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self.open is not None:
+            self.found.append((self.open[0], self.open[1], self.open[2]))
+            self.open = None
+
+
+BLOB = f"https://github.com/vllm-project/vllm/blob/{PIN.commit}"
+LINE = "`vllm/v1/core/block_pool.py:333 BlockPool.get_new_blocks`"
+RANGE = "`vllm/v1/core/sched/scheduler.py:390-392 Scheduler.schedule`"
+
+
+def test_citation_becomes_a_github_link_at_the_pinned_commit_for_a_line_and_a_range():
+    text, links, previews = book.link_citations(f"See {LINE} and {RANGE}.\n")
+    assert text == (
+        f"See [{LINE}]({BLOB}/vllm/v1/core/block_pool.py#L333) and "
+        f"[{RANGE}]({BLOB}/vllm/v1/core/sched/scheduler.py#L390-L392).\n"
+    )
+    assert (links, previews) == (2, 0)
+    assert PIN.commit == "0decac0d96c42b49572498019f0a0e3600f50398"
+
+
+def test_citation_in_a_fence_a_heading_or_a_link_is_left_alone():
+    text = (
+        f"```text\n{LINE}\n```\n"
+        f"## Where {LINE} lives\n"
+        f"[{LINE}](https://example.com/already) and [see {RANGE} here][ref]\n"
+        f'<a href="https://example.com">{LINE}</a>\n'
+        f"``{LINE.strip('`')}`` is shown, `not/a/citation.py` is not; [aside {LINE}] [x](y.md)\n"
+    )
+    out, links, _ = book.link_citations(text)
+    assert out.splitlines()[:6] == text.splitlines()[:6]
+    assert out.splitlines()[6] == (
+        f"[``{LINE.strip('`')}``]({BLOB}/vllm/v1/core/block_pool.py#L333) is shown, "
+        f"`not/a/citation.py` is not; [aside [{LINE}]({BLOB}/vllm/v1/core/block_pool.py#L333)] "
+        "[x](y.md)"
+    )
+    assert links == 2
+    # cite and book agree on what is a citation outside fences
+    assert len([c for c in cite.code_spans(text) if cite.CITATION_RE.match(c[1])]) == 6
+
+
+def test_title_holds_the_first_cited_lines_html_escaped(tree, tmp_path):
+    body = ["    def f(a, b):", '        """Say "a|b" & `x` <y>."""']
+    body += [f"        line{i} = {i}" for i in range(3, 12)]
+    upstream = tree({"vllm/m.py": "\n".join(body) + "\n"}, root=tmp_path / "upstream")
+    text, links, previews = book.link_citations(
+        "* `vllm/m.py:1-11 f` | `vllm/m.py:2 f` | `vllm/m.py:99 f`\n", cite.Upstream(upstream)
+    )
+    assert (links, previews) == (3, 2)
+    first = (
+        f'<a href="{BLOB}/vllm/m.py#L1-L11" title="def f(a, b):&#10;'
+        "    &quot;&quot;&quot;Say &quot;a&#124;b&quot; &amp; &#96;x&#96; &lt;y&gt;.&quot;&quot;&quot;"
+        "&#10;    line3 = 3&#10;    line4 = 4&#10;    line5 = 5&#10;    line6 = 6&#10;"
+        '    line7 = 7&#10;    line8 = 8&#10;…">`vllm/m.py:1-11 f`</a>'
+    )
+    second = (
+        f'<a href="{BLOB}/vllm/m.py#L2" title="&quot;&quot;&quot;Say &quot;a&#124;b&quot; '
+        '&amp; &#96;x&#96; &lt;y&gt;.&quot;&quot;&quot;">`vllm/m.py:2 f`</a>'
+    )
+    # a line past the end of the file (cite reports it) still links, without a title
+    third = f"[`vllm/m.py:99 f`]({BLOB}/vllm/m.py#L99)"
+    assert text == f"* {first} | {second} | {third}\n"
 
 
 def test_broken_link_anchor_and_upstream_link_are_reported(repo, capsys):
