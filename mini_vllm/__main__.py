@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated concurrency levels (100,1000,10000)")
     bench.add_argument("--prompt-len", type=_int_at_least(1), default=32, help="longest prompt (32)")
     bench.add_argument("--max-tokens", type=_int_at_least(1), default=8, help="longest output (8)")
+    bench.add_argument("--repeats", type=_int_at_least(1), default=3,
+                       help="runs per level; the fastest is shown, as other load only slows a run (3)")
     _engine_flags(bench, budget_default=None)
     bench.set_defaults(parser=bench)
     return parser
@@ -172,10 +174,11 @@ def run_bench(args: argparse.Namespace) -> None:
     print(f"{'requests':>8} {'steps':>5} {'peak run':>8} {'preempt':>7} {'sched ms/step':>13} "
           f"{'sched us/req':>12} {'sched s':>7} {'wall s':>7}")
     for n in levels:
-        r = bench_once(n, args)
+        r = min((bench_once(n, args) for _ in range(args.repeats)), key=lambda r: r["sched_s"])
         print(f"{r['requests']:>8} {r['steps']:>5} {r['peak_running']:>8} {r['preemptions']:>7} "
               f"{r['ms_per_step']:>13.3f} {r['us_per_req']:>12.2f} {r['sched_s']:>7.3f} {r['wall_s']:>7.2f}")
-    print("sched us/req = schedule() time / request-slots scheduled, over all steps")
+    print(f"sched us/req = schedule() time / request-slots scheduled, over all steps "
+          f"(fastest of {args.repeats} runs)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         run_generate(args) if args.command == "generate" else run_bench(args)
-    except ValueError as exc:
+    except (ValueError, OSError, ImportError) as exc:  # bad values; a model that cannot be found
         args.parser.error(str(exc))  # one line, exit status 2; never a traceback
     return 0
 

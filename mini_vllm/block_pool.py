@@ -21,6 +21,26 @@ Invariants (checked by ``BlockPool.check_invariants`` in the tests):
   I3  only full blocks get a hash and enter the cache
   I4  a cached block with ref_cnt 0 is still reusable: ``touch`` revives it
 
+Deliberate differences from upstream:
+
+* The hash is SHA-256 over the parent's 32 bytes and the tokens as 8-byte
+  integers. Upstream hashes a pickled ``(parent, tokens, extra_keys)`` tuple
+  (SHA-256 by default), starts the chain from a random ``NONE_HASH`` unless
+  ``PYTHONHASHSEED`` is set, and mixes LoRA, multimodal and ``cache_salt``
+  keys in; mini_vllm has none of those, so its hashes are reproducible.
+* One KV cache group, so a hash is the cache key as is (upstream appends a
+  group id) and ``get_cached_block`` returns a block, not one per group.
+* ``cached_block_hash_to_block`` is always ``{hash: {block_id: block}}``;
+  upstream's ``BlockHashToBlockMap`` stores a lone block without the inner
+  dict to spare the garbage collector. Same lookups, same eviction.
+* ``KVCacheBlock.block_hash`` is a plain field (``cache_full_blocks`` asserts
+  it was unset, where upstream's property setter does), and
+  ``popleft_n`` / ``append_n`` reuse ``popleft`` / ``append`` where upstream
+  relinks the chain in one pass: the same queue either way.
+* No KV-cache events, residency metrics, ``evict_blocks`` or
+  ``reset_prefix_cache``; and ``num_blocks`` must be at least 2 (upstream
+  accepts a pool holding only the null block).
+
 upstream: vllm/v1/core/kv_cache_utils.py:116 KVCacheBlock
 upstream: vllm/v1/core/kv_cache_utils.py:164 FreeKVCacheBlockQueue
 upstream: vllm/v1/core/block_pool.py:34 BlockHashToBlockMap
@@ -162,8 +182,10 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
-        if not isinstance(num_blocks, int) or num_blocks < 2:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(f"num_blocks must be an integer >= 2 (block 0 is the null block), got {num_blocks!r}")
+        if not isinstance(enable_caching, bool):
+            raise ValueError(f"enable_caching must be True or False, got {enable_caching!r}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]

@@ -8,15 +8,24 @@ together and keeps a per-step record (``stats``) so you can watch it work.
 ``LLM`` is the offline front door with vLLM's output shapes
 (``RequestOutput.outputs[0].text``), including ``n > 1`` fan-out.
 
+Where upstream is lenient, this engine refuses rather than cuts: upstream
+rejects a prompt that reaches ``max_model_len`` but lets prompt + ``max_tokens``
+run past it and stops the request there with ``"length"`` (``check_stop``);
+here ``add_request`` rejects any prompt + ``max_tokens`` above
+``max_model_len``, or too big for the KV pool, so a request that is accepted
+always gets the tokens it asked for (unless EOS or a stop string comes first).
+
 upstream: vllm/v1/engine/llm_engine.py:47 LLMEngine
 upstream: vllm/v1/engine/core.py:428 EngineCore.step
 upstream: vllm/entrypoints/llm.py:66 LLM
 upstream: vllm/outputs.py:85 RequestOutput
+upstream: vllm/v1/engine/input_processor.py:396 max_prompt_len
+upstream: vllm/v1/core/sched/utils.py:94 check_stop
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,6 +57,9 @@ class StepStats:
     schedule_time_s: float  # wall time of Scheduler.schedule() alone
 
 
+_MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
+
+
 def _positive_int(name: str, value: object, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -77,6 +89,7 @@ class LLMEngine:
     ) -> None:
         _positive_int("block_size", block_size)
         _positive_int("num_blocks", num_blocks, 2)
+        _positive_int("seed", seed, 0)
         if max_model_len is not None:
             _positive_int("max_model_len", max_model_len, 2)
         if model == "toy":
@@ -86,8 +99,15 @@ class LLMEngine:
 
             self.model = get_model(model, seed=seed, max_model_len=max_model_len)
         else:
+            missing = [a for a in _MODEL_INTERFACE if not hasattr(model, a)]
+            if missing:
+                raise ValueError(f"model must be a name or an object with {', '.join(_MODEL_INTERFACE)}; "
+                                 f"{type(model).__name__} lacks {', '.join(missing)}")
             self.model = model
-        self.max_model_len = min(max_model_len or self.model.max_model_len, self.model.max_model_len)
+        if max_model_len is not None and max_model_len > self.model.max_model_len:
+            raise ValueError(f"max_model_len must be <= the model's max_model_len "
+                             f"({self.model.max_model_len}), got {max_model_len}")
+        self.max_model_len = max_model_len or self.model.max_model_len
         self.tokenizer = self.model.tokenizer
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_caching, self.max_model_len)
         self.scheduler = Scheduler(
@@ -134,6 +154,8 @@ class LLMEngine:
                 f"(num_blocks - 1); raise num_blocks or lower max_tokens"
             )
         request_id = f"req-{self._num_added}" if request_id is None else request_id
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be None or a non-empty str, got {request_id!r}")
         if request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         request = Request(
@@ -228,6 +250,22 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+        """``add_request`` for each pair, all or nothing: if one is rejected, the
+        ones already added are withdrawn, so the engine is left as it was.
+
+        upstream: vllm/entrypoints/offline_utils.py:523 _render_and_add_requests
+        """
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                ids.append(self.add_request(prompt, sp))
+        except Exception:
+            for rid in ids:
+                self.abort_request(rid)
+            raise
+        return ids
+
     def generate(
         self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[Request]:
@@ -236,7 +274,7 @@ class LLMEngine:
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
+        ids = self._add_all(prompts, params_list)
         done: dict[str, Request] = {}
         while len(done) < len(ids):
             for req in self.step():
@@ -267,7 +305,7 @@ class RequestOutput:
     finished: bool = True
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
-    num_preemptions: int = field(default=0)
+    num_preemptions: int = 0
 
 
 class LLM:
@@ -289,12 +327,16 @@ class LLM:
         prompts = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"sampling_params: got {len(sampling_params)} for {len(prompts)} prompts")
-        children: list[list[str]] = []
-        for prompt, sp in zip(prompts, sampling_params, strict=True):
-            seeds = [None if sp.seed is None else sp.seed + i for i in range(sp.n)]
-            children.append([engine.add_request(prompt, replace(sp, n=1, seed=s)) for s in seeds])
+        if not isinstance(sampling_params, list) or len(sampling_params) != len(prompts) or not all(
+            isinstance(sp, SamplingParams) for sp in sampling_params
+        ):
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of {len(prompts)}, "
+                             f"one per prompt, got {sampling_params!r:.80}")
+        # Child i of a prompt with n > 1 is a request of its own (seed + i).
+        flat = [(prompt, replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i))
+                for prompt, sp in zip(prompts, sampling_params, strict=True) for i in range(sp.n)]
+        new_ids = iter(engine._add_all([p for p, _ in flat], [sp for _, sp in flat]))
+        children = [[next(new_ids) for _ in range(sp.n)] for sp in sampling_params]
         done: dict[str, Request] = {}
         total = sum(map(len, children))
         while len(done) < total:

@@ -15,6 +15,26 @@ in the cache, and the model writes them earlier in the same step than the
 second request reads them (a model must write each layer's new K/V for the
 whole batch before it runs attention for that layer -- vLLM does the same).
 
+Deliberate differences from upstream:
+
+* One KV cache group of full attention. Upstream puts a coordinator and one
+  ``SingleTypeKVCacheManager`` per group (sliding window, Mamba, ...) between
+  this class and the pool; here their full-attention logic is inlined, and
+  blocks travel as plain lists, not ``KVCacheBlocks`` (one tuple per group).
+* The block hashes of a request are computed here, lazily, when blocks are
+  looked up or cached (``update_block_hashes``). Upstream's ``Request`` hashes
+  each block as soon as it fills, through a ``block_hasher`` it is given; this
+  class is the only one here that knows the block size.
+* ``allocate_slots`` takes ``(request, num_new_tokens, new_computed_blocks,
+  num_new_computed_tokens)``: the last two are in the opposite order to
+  upstream's, so pass them by keyword to write code that reads the same in
+  both. It has no lookahead (speculative), external (connector) or encoder
+  tokens and no ``full_sequence_must_fit`` (see scheduler.py).
+* Upstream clamps the slots it allocates to ``max_model_len`` because
+  lookahead tokens may run past it; with none, asking for more than
+  ``max_model_len`` tokens can only be a caller's mistake, so it is a
+  ``ValueError`` here rather than a silent cut.
+
 upstream: vllm/v1/core/kv_cache_manager.py:110 KVCacheManager
 upstream: vllm/v1/core/single_type_kv_cache_manager.py:31 SingleTypeKVCacheManager
 """
@@ -32,8 +52,12 @@ class KVCacheManager:
         enable_caching: bool = True,
         max_model_len: int | None = None,
     ) -> None:
-        if not isinstance(block_size, int) or block_size < 1:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+        if max_model_len is not None and (
+            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+        ):
+            raise ValueError(f"max_model_len must be None or an integer >= 1, got {max_model_len!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
@@ -103,8 +127,8 @@ class KVCacheManager:
         upstream: vllm/v1/core/kv_cache_manager.py:236 KVCacheManager.allocate_slots
         upstream: vllm/v1/core/single_type_kv_cache_manager.py:89 SingleTypeKVCacheManager.get_num_blocks_to_allocate
         """
-        if num_new_tokens < 1:
-            raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
+        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be an integer >= 1, got {num_new_tokens!r}")
         hits = new_computed_blocks or []
         num_hit_tokens = len(hits) * self.block_size
         if num_new_computed_tokens not in (0, num_hit_tokens):
@@ -112,12 +136,16 @@ class KVCacheManager:
                 f"num_new_computed_tokens must be len(new_computed_blocks) * block_size "
                 f"= {num_hit_tokens}, got {num_new_computed_tokens}"
             )
-        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        assert not (hits and req_blocks), "only a request that holds no blocks can take cache hits"
         num_computed = request.num_computed_tokens + num_hit_tokens
         num_tokens = num_computed + num_new_tokens
-        if self.max_model_len is not None:
-            num_tokens = min(num_tokens, self.max_model_len)
+        if self.max_model_len is not None and num_tokens > self.max_model_len:
+            raise ValueError(
+                f"num_new_tokens must be <= max_model_len - computed tokens = "
+                f"{self.max_model_len} - {num_computed}, got {num_new_tokens}"
+            )
+        if hits and self.req_to_blocks.get(request.request_id):
+            raise ValueError("new_computed_blocks: only a request that holds no blocks can take cache hits")
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_new_blocks = max(-(-num_tokens // self.block_size) - len(req_blocks) - len(hits), 0)
         num_evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
         if num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks():
@@ -132,7 +160,7 @@ class KVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         if self.enable_caching:
-            self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+            self.cache_blocks(request, min(num_tokens, request.num_tokens))
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:

@@ -48,10 +48,14 @@ class ToyModel:
         max_model_len: int = 4096,
         eos_bias: float = -8.0,
     ) -> None:
-        if not isinstance(vocab_size, int) or vocab_size < 257:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 257:
             raise ValueError(f"vocab_size must be an integer >= 257 (bytes + EOS), got {vocab_size!r}")
-        if not isinstance(max_model_len, int) or max_model_len < 2:
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
             raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if isinstance(eos_bias, bool) or not isinstance(eos_bias, int | float) or not np.isfinite(eos_bias):
+            raise ValueError(f"eos_bias must be a finite number, got {eos_bias!r}")
         self.vocab_size = vocab_size
         self.seed = seed
         self.max_model_len = max_model_len

@@ -10,10 +10,27 @@ same move: schedule ``num_tokens - num_computed_tokens`` tokens, or fewer.
 comparison. The seed of this course defined ``is_finished`` three ways; this
 file uses upstream's, ``status > PREEMPTED``, and defines it once, on the enum.
 
+Deliberate differences from upstream:
+
+* Stop strings are checked here, in the engine, by decoding the whole output
+  after each token. Upstream checks them in the front end's detokenizer
+  (``check_stop_strings``), incrementally, after the core's ``check_stop``
+  has looked at EOS and length, and lets a stop string override a length
+  finish. The outcome is the same (EOS, then stop strings, then length); the
+  cost here is O(output length) per token, fine at this scale.
+* The EOS id is given to the ``Request``; upstream keeps it in the sampling
+  params, next to ``stop_token_ids`` and ``min_tokens``, which are not here.
+* Only the statuses mini_vllm can reach: no waiting sub-states (grammar,
+  remote KV, streaming input) and no ``FINISHED_IGNORED`` / ``ERROR`` /
+  ``REPETITION``.
+* ``block_hashes`` is filled by ``KVCacheManager`` (see kv_cache.py), not
+  by a hasher the request owns.
+
 upstream: vllm/v1/request.py:59 Request
 upstream: vllm/v1/request.py:315 RequestStatus
 upstream: vllm/v1/request.py:337 RequestStatus.is_finished
 upstream: vllm/v1/core/sched/utils.py:94 check_stop
+upstream: vllm/v1/engine/detokenizer.py:309 check_stop_strings
 """
 from __future__ import annotations
 
@@ -25,7 +42,7 @@ from mini_vllm.tokenizer import ByteTokenizer, HFTokenizer
 
 
 class RequestStatus(enum.IntEnum):
-    """Upstream's order with the waiting sub-states left out; order matters."""
+    """Upstream's order, minus the states mini_vllm never enters; order matters."""
 
     WAITING = enum.auto()
     RUNNING = enum.auto()

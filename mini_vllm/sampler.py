@@ -18,12 +18,20 @@ top-k, then top-p, then softmax and one draw from what is left.
 Each request draws from its own ``np.random.Generator`` (seeded from
 ``SamplingParams.seed``), so its tokens never depend on its batch neighbours.
 
+Differences from upstream: one row at a time in float64 (upstream samples
+the whole batch in float32 on the GPU); the draw is ``Generator.choice`` where
+upstream takes ``argmax(probs / q)`` with ``q`` exponential noise, which picks
+from the same distribution but consumes a different random stream, so a seed
+gives different tokens in the two engines; among logits tied at the top-p
+boundary, which one survives may differ (upstream's sort is not stable).
+
 upstream: vllm/v1/sample/sampler.py:41-48 min_p
 upstream: vllm/v1/sample/sampler.py:238 Sampler.sample
 upstream: vllm/v1/sample/sampler.py:223 Sampler.apply_temperature
 upstream: vllm/v1/sample/sampler.py:277-278 argmax_invariant
 upstream: vllm/v1/sample/logits_processor/builtin.py:101 MinPLogitsProcessor.apply
 upstream: vllm/v1/sample/ops/topk_topp_sampler.py:328 apply_top_k_top_p_pytorch
+upstream: vllm/v1/sample/ops/topk_topp_sampler.py:395 random_sample
 """
 from __future__ import annotations
 

@@ -4,13 +4,31 @@ Every field is validated when the object is built, so a bad value fails at the
 call that introduced it (``SamplingParams(top_p=0)``) with a message naming
 the parameter and its allowed range, instead of deep inside a step.
 Conventions follow vLLM: ``temperature == 0`` is greedy, ``top_k`` 0 or -1
-disables top-k, ``top_p == 1`` and ``min_p == 0`` disable theirs.
+disables top-k, ``top_p == 1`` and ``min_p == 0`` disable theirs, and a
+greedy request cannot ask for ``n > 1`` (the completions would be identical).
 
+Deliberate differences from upstream, which is more forgiving:
+
+* A temperature in ``(0, 0.01)`` is an error. Upstream logs a warning and
+  raises it to 0.01 (dividing by a tinier one overflows the softmax), which
+  is a silent change of the caller's request as far as the output shows.
+* ``max_tokens`` must be given (upstream's ``None`` means "up to
+  ``max_model_len``"), ``seed`` must be ``None`` or ``>= 0`` (upstream also
+  reads ``-1`` as ``None``), and a wrongly typed value is a ``ValueError``,
+  never a ``TypeError``.
+* Only these nine fields: no penalties, logprobs, ``min_tokens``,
+  ``stop_token_ids``, logit bias or structured output.
+
+upstream: vllm/sampling_params.py:398-407 _MAX_TEMP
 upstream: vllm/sampling_params.py:452 SamplingParams._verify_args
+upstream: vllm/sampling_params.py:552 SamplingParams._verify_greedy_sampling
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Upstream's _MAX_TEMP: below it, logits / temperature can overflow float32.
+MIN_TEMPERATURE = 0.01
 
 
 def _check_number(name: str, value: object, kind: type, allowed: str) -> None:
@@ -33,9 +51,11 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature, float, "a number >= 0")
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        _check_number("temperature", self.temperature, float, "0 (greedy) or a number >= 0.01")
+        # `not x >= MIN` also rejects NaN.
+        if self.temperature != 0 and not (MIN_TEMPERATURE <= self.temperature < float("inf")):
+            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
         _check_number("top_k", self.top_k, int, "an integer: -1 or 0 (disabled) or >= 1")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 or 0 (disabled) or >= 1, got {self.top_k}")
@@ -51,6 +71,8 @@ class SamplingParams:
         _check_number("n", self.n, int, "an integer >= 1")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"n must be 1 when temperature is 0 (greedy), got {self.n}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.seed is not None:

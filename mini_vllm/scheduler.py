@@ -17,13 +17,39 @@ prefills and decodes mix freely in one batch.
    than ``max_num_seqs`` are running. Each starts from its prefix-cache hit
    (``get_computed_blocks``); the first that does not fit stops admission.
 
-Unlike upstream, ``num_computed_tokens`` advances in ``update_from_output``
-(after the model ran), not at the end of ``schedule()``. Upstream moves it early
-so the next step can be scheduled while this one runs (async scheduling);
-mini_vllm is synchronous, and this way ``num_computed_tokens`` still marks where
-the scheduled chunk starts while the step executes.
+Deliberate differences from upstream (each keeps the file small; none
+changes which tokens a request produces):
+
+* ``num_computed_tokens`` advances in ``update_from_output`` (after the model
+  ran), not at the end of ``schedule()``. Upstream moves it early so the next
+  step can be scheduled while this one runs (async scheduling); mini_vllm is
+  synchronous, and this way ``num_computed_tokens`` still marks where the
+  scheduled chunk starts while the step executes.
+* No full-sequence admission check. Upstream passes
+  ``full_sequence_must_fit=scheduler_reserve_full_isl`` (on by default) and
+  admits a waiting request only if its whole current sequence fits in the
+  free blocks; mini_vllm admits it as soon as its first chunk fits. With
+  chunked prefill in a tight pool it may therefore admit a request that
+  upstream would keep waiting, and preempt later. ``LLMEngine.add_request``
+  guarantees every request fits the pool alone, so preemption always
+  resolves it.
+* No ``max_model_len - 1 - num_computed_tokens`` clamp on a running request's
+  tokens. Upstream needs it for speculative tokens; here it can never bind,
+  because ``LLMEngine.add_request`` rejects prompt + ``max_tokens`` above
+  ``max_model_len``, so a running request never holds more than
+  ``max_model_len - 1`` tokens.
+* FCFS only (no priority policy); chunked prefill is always on (no
+  ``enable_chunked_prefill=False`` mode); no speculative decoding, encoder
+  inputs, LoRA, KV connectors or pausing.
+* ``SchedulerOutput`` carries the ``Request`` objects themselves, not
+  upstream's ``NewRequestData`` / ``CachedRequestData`` copies meant for a
+  worker process; ``preempted_req_ids`` is a list in preemption order, not a set.
+* ``update_from_output`` takes ``{request_id: token}`` instead of a
+  ``ModelRunnerOutput`` and returns the finished requests.
 
 upstream: vllm/v1/core/sched/scheduler.py:329 Scheduler.schedule
+upstream: vllm/v1/core/sched/scheduler.py:396-398 max_model_len
+upstream: vllm/v1/core/sched/scheduler.py:721-731 full_sequence_must_fit
 upstream: vllm/v1/core/sched/output.py:181 SchedulerOutput
 """
 from __future__ import annotations
@@ -75,6 +101,10 @@ class Scheduler:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if max_model_len is not None and (
+            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2
+        ):
+            raise ValueError(f"max_model_len must be None or an integer >= 2, got {max_model_len!r}")
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -179,12 +209,16 @@ class Scheduler:
         """Advance each scheduled request, append its sampled token, reap the finished.
 
         ``sampled`` maps request id -> token for exactly the requests for which
-        ``needs_sample`` was true. One O(len(running)) rebuild removes the
-        finished requests, never one ``list.remove`` per request
+        ``needs_sample`` was true (a token for a request aborted since
+        ``schedule()`` is ignored). Anything else is a ``ValueError``, raised
+        before any request changes: a lost or extra token would silently
+        corrupt the request. One O(len(running)) rebuild removes the finished
+        requests, never one ``list.remove`` per request
         (upstream: vllm/v1/core/sched/scheduler.py:1530 remove_all).
 
         upstream: vllm/v1/core/sched/scheduler.py:1283 Scheduler.update_from_output
         """
+        self._check_sampled(scheduler_output, sampled)
         finished: list[Request] = []
         for request in scheduler_output.scheduled_requests:
             if request.is_finished():  # aborted after schedule()
@@ -193,11 +227,6 @@ class Scheduler:
             token = sampled.get(request.request_id)
             if token is None:
                 continue
-            if request.num_computed_tokens != request.num_tokens:
-                raise ValueError(
-                    f"sampled: request {request.request_id!r} is mid-prefill "
-                    f"({request.num_computed_tokens}/{request.num_tokens} tokens) and must not sample"
-                )
             request.append_output_token(token)
             if request.maybe_finish(self.max_model_len):
                 finished.append(request)
@@ -206,6 +235,25 @@ class Scheduler:
             for request in finished:
                 self._free_request(request)
         return finished
+
+    @classmethod
+    def _check_sampled(cls, scheduler_output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        scheduled = {r.request_id: r for r in scheduler_output.scheduled_requests}
+        unknown = sorted(set(sampled) - set(scheduled))
+        if unknown:
+            raise ValueError(f"sampled: requests {unknown} were not scheduled in this step")
+        for rid, request in scheduled.items():
+            if request.is_finished():
+                continue
+            n = scheduler_output.num_scheduled_tokens[rid]
+            needs = cls.needs_sample(request, n)
+            if rid in sampled and not needs:
+                raise ValueError(
+                    f"sampled: request {rid!r} is mid-prefill ({request.num_computed_tokens + n}"
+                    f"/{request.num_tokens} tokens after this step) and must not sample"
+                )
+            if needs and rid not in sampled:
+                raise ValueError(f"sampled: request {rid!r} computed its last token and needs a token")
 
     def finish_requests(self, request_ids: str | list[str], status: RequestStatus) -> None:
         """Finish requests from outside (an abort); unknown or finished ids are ignored.
@@ -216,11 +264,13 @@ class Scheduler:
             raise ValueError(f"status must be a finished status, got {status.name}")
         ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
         requests = [self.requests[i] for i in ids if i in self.requests]
-        running = [r for r in requests if r.status == RequestStatus.RUNNING]
+        # Filter by id, in one pass per queue: linear however many are aborted.
+        running = {r.request_id for r in requests if r.status == RequestStatus.RUNNING}
         if running:
-            self.running = [r for r in self.running if r not in running]
+            self.running = [r for r in self.running if r.request_id not in running]
         if len(running) < len(requests):
-            self.waiting = deque(r for r in self.waiting if r not in requests)
+            gone = {r.request_id for r in requests}
+            self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
         for request in requests:
             request.status = status
             self._free_request(request)

@@ -53,6 +53,8 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ValueError(f"model must be 'toy', 'tiny-random', a folder or a hub id, "
                          f"got {name_or_path!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     if name_or_path == "toy":
         from mini_vllm.model import ToyModel
 
@@ -60,7 +62,8 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
             kw["max_model_len"] = max_model_len
         return ToyModel(seed=seed, **kw)
     if kw:
-        raise TypeError(f"unexpected arguments for model {name_or_path!r}: {', '.join(kw)}")
+        raise ValueError(f"{', '.join(kw)}: only the 'toy' model takes extra arguments, "
+                         f"not {name_or_path!r}")
     if name_or_path == "tiny-random":
         return tiny_random(seed=seed, max_model_len=max_model_len)
     return load_model(name_or_path, max_model_len=max_model_len)

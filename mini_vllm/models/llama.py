@@ -92,10 +92,13 @@ class LlamaForCausalLM:
         self.name = name
         self.vocab_size = config.vocab_size
         self.eos_token_id = config.eos_token_id
-        self.max_model_len = int(max_model_len or config.max_position_embeddings)
-        if not 1 <= self.max_model_len <= config.max_position_embeddings:
-            raise ValueError(f"max_model_len must be in [1, {config.max_position_embeddings}] "
-                             f"(the model's max_position_embeddings), got {self.max_model_len}")
+        if max_model_len is None:
+            max_model_len = config.max_position_embeddings
+        if (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                or not 1 <= max_model_len <= config.max_position_embeddings):
+            raise ValueError(f"max_model_len must be an integer in [1, {config.max_position_embeddings}] "
+                             f"(the model's max_position_embeddings), got {max_model_len!r}")
+        self.max_model_len = max_model_len
         self.inv_freq = rope_inv_freq(config)
         self.scale = config.head_dim ** -0.5
         self.kv_cache: np.ndarray | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
@@ -103,10 +106,9 @@ class LlamaForCausalLM:
     # -- the model interface -------------------------------------------------
     def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """Allocate K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each."""
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         c = self.config
         self.kv_cache = np.zeros((c.num_hidden_layers, 2, num_blocks, block_size,
                                   c.num_key_value_heads, c.head_dim), dtype=np.float32)

@@ -29,6 +29,8 @@ class Chunk:
 
 def make_model_input(chunks: list[Chunk], block_size: int) -> ModelInput:
     """Flatten several requests' chunks into one step's arrays (see model_input.py)."""
+    if not chunks:
+        raise ValueError("chunks must hold at least one Chunk")
     token_ids, positions, slots, qsl, seq_lens, logits_indices = [], [], [], [0], [], []
     width = max(len(c.block_table) for c in chunks)
     tables = np.zeros((len(chunks), width), dtype=np.int64)
@@ -67,6 +69,12 @@ def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, block_
     Returns the new tokens per prompt, and with ``return_logits`` also the
     logits that produced the first new token of each prompt.
     """
+    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("block_size", block_size, 1),
+                             ("chunk_size", 1 if chunk_size is None else chunk_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not prompts or not all(prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
     rng = np.random.default_rng(seed)
     need = [-(-(len(p) + max_new_tokens) // block_size) for p in prompts]
     pool = rng.permutation(np.arange(1, sum(need) + 1)).tolist()  # block 0 stays null

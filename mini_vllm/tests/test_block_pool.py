@@ -180,5 +180,8 @@ def test_caching_disabled_pool_never_touches_the_cache():
 
 
 def test_pool_rejects_a_pool_without_usable_blocks():
-    with pytest.raises(ValueError, match="num_blocks must be an integer >= 2"):
-        BlockPool(1)
+    for bad in (1, 0, True, 4.0, "8"):
+        with pytest.raises(ValueError, match=r"^num_blocks must be an integer >= 2"):
+            BlockPool(bad)
+    with pytest.raises(ValueError, match=r"^enable_caching must be True or False"):
+        BlockPool(4, enable_caching=1)

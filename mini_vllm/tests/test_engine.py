@@ -141,15 +141,53 @@ def test_bad_input_is_rejected_at_add_request():
         eng.add_request("x", SamplingParams(n=2))
     with pytest.raises(ValueError, match="already in use"):
         eng.add_request("y", request_id="req-0")
+    for bad in (7, ""):
+        with pytest.raises(ValueError, match="^request_id must be None or a non-empty str"):
+            eng.add_request("y", request_id=bad)
+    with pytest.raises(ValueError, match="^params must be a SamplingParams"):
+        eng.add_request("y", {"max_tokens": 2})
     assert eng.scheduler.get_num_unfinished_requests() == 1
 
 
 def test_engine_rejects_bad_knobs():
     for kwargs, name in [({"block_size": 0}, "block_size"), ({"num_blocks": 1}, "num_blocks"),
                          ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
-                         ({"max_num_seqs": -1}, "max_num_seqs"), ({"max_model_len": 1}, "max_model_len")]:
-        with pytest.raises(ValueError, match=name):
+                         ({"max_num_seqs": -1}, "max_num_seqs"), ({"max_model_len": 1}, "max_model_len"),
+                         ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
+                         ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"),
+                         ({"enable_caching": "no"}, "enable_caching"),
+                         ({"model": 42}, "model"), ({"model": ""}, "model")]:
+        with pytest.raises(ValueError, match=rf"^{name} must be"):
             LLMEngine(**kwargs)
+
+
+def test_max_model_len_above_the_models_is_an_error_not_a_silent_cut():
+    with pytest.raises(ValueError, match=r"^max_model_len must be <= the model's max_model_len \(64\), got 65"):
+        LLMEngine(ToyModel(max_model_len=64), max_model_len=65)
+    assert LLMEngine(ToyModel(max_model_len=64), max_model_len=32).max_model_len == 32
+    assert LLMEngine(ToyModel(max_model_len=64)).max_model_len == 64
+
+
+def test_a_rejected_prompt_in_a_batch_leaves_the_engine_as_it_was():
+    eng = LLMEngine(block_size=4, num_blocks=8)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        eng.generate(["ok", "fine", ""], GREEDY)
+    assert not eng.has_unfinished_requests()
+    assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 7
+    llm = LLM(block_size=4, num_blocks=8)
+    with pytest.raises(ValueError, match="KV blocks"):
+        llm.generate(["ok", "x" * 40], GREEDY)
+    assert not llm.llm_engine.has_unfinished_requests()
+    (out,) = llm.generate(["ok"], GREEDY)  # and it still works
+    assert len(out.outputs[0].token_ids) == 8
+
+
+def test_llm_generate_rejects_sampling_params_that_do_not_match_the_prompts():
+    llm = LLM()
+    for bad in ([GREEDY], {"temperature": 0}, [GREEDY, "greedy"]):
+        with pytest.raises(ValueError, match="^sampling_params must be"):
+            llm.generate(["a", "b"], bad)
+    assert not llm.llm_engine.has_unfinished_requests()
 
 
 def test_a_request_that_exactly_fills_the_pool_finishes():

@@ -147,9 +147,56 @@ def test_evictable_cache_hits_count_against_free_space(make_request):
 
 def test_allocate_slots_rejects_inconsistent_arguments(make_request):
     kv = KVCacheManager(8, 4)
-    with pytest.raises(ValueError, match="num_new_tokens must be >= 1"):
-        kv.allocate_slots(make_request([1]), 0)
+    for bad in (0, -3, 2.0, True):
+        with pytest.raises(ValueError, match="num_new_tokens must be an integer >= 1"):
+            kv.allocate_slots(make_request([1]), bad)
     with pytest.raises(ValueError, match="num_new_computed_tokens"):
         kv.allocate_slots(make_request([1]), 1, [], 4)
-    with pytest.raises(ValueError, match="block_size"):
-        KVCacheManager(8, 0)
+    # cache hits are only for a request that holds no blocks yet
+    a = make_request(range(8))
+    _prefill(kv, a)
+    b = make_request(range(9))
+    kv.allocate_slots(b, 1)
+    hits, n = kv.get_computed_blocks(b)
+    with pytest.raises(ValueError, match="new_computed_blocks"):
+        kv.allocate_slots(b, 1, hits, n)
+    kv.block_pool.check_invariants()
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"block_size": 0}, "block_size"), ({"block_size": True}, "block_size"),
+    ({"block_size": 2.0}, "block_size"), ({"num_blocks": 1}, "num_blocks"),
+    ({"max_model_len": 0}, "max_model_len"), ({"max_model_len": 8.5}, "max_model_len"),
+    ({"enable_caching": "yes"}, "enable_caching"),
+])
+def test_constructor_rejects_bad_values_naming_the_parameter(kwargs, name):
+    args = {"num_blocks": 8, "block_size": 4, **kwargs}
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        KVCacheManager(**args)
+
+
+def test_allocate_slots_never_silently_cuts_at_max_model_len(make_request):
+    # Upstream clamps the slots to max_model_len (for speculative lookahead);
+    # with no lookahead a request past it is a caller's bug: refuse, allocate nothing.
+    kv = KVCacheManager(16, 4, max_model_len=10)
+    r = make_request(range(8))
+    assert [b.block_id for b in kv.allocate_slots(r, 8)] == [1, 2]
+    r.num_computed_tokens = 8
+    with pytest.raises(ValueError, match=r"num_new_tokens must be <= max_model_len - computed tokens = 10 - 8, got 3"):
+        kv.allocate_slots(r, 3)
+    assert kv.get_block_ids(r.request_id) == [1, 2] and kv.block_pool.get_num_free_blocks() == 13
+    assert [b.block_id for b in kv.allocate_slots(r, 2)] == [3]  # exactly max_model_len is fine
+
+
+def test_same_block_after_a_different_prefix_is_not_a_hit(make_request):
+    # Chained hashing end to end: block 1 of b has a's tokens, but after a
+    # different block 0, so its K/V differ and it must not be served.
+    kv = KVCacheManager(64, 4)
+    a = make_request([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    _prefill(kv, a)
+    b = make_request([0, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert kv.get_computed_blocks(b) == ([], 0)
+    assert a.block_hashes[1] != b.block_hashes[1]
+    c = make_request([1, 2, 3, 4, 5, 6, 7, 8, 0])  # same first two blocks: both hit
+    hits, n = kv.get_computed_blocks(c)
+    assert [blk.block_id for blk in hits] == [1, 2] and n == 8

@@ -244,9 +244,28 @@ def test_bad_arguments_are_rejected_with_the_parameter_name():
         model.execute(make_model_input([Chunk([1], 0, [1])], 4))
     with pytest.raises(ValueError, match="model must be"):
         get_model("")
-    with pytest.raises(ValueError, match="max_model_len"):
-        get_model("tiny-random", max_model_len=4097)
+    # 0 used to fall back to 4096 and 2.5 to be cut to 2, silently
+    for bad in (4097, 0, 2.5, True):
+        with pytest.raises(ValueError, match=r"^max_model_len must be an integer in \[1, 4096\]"):
+            get_model("tiny-random", max_model_len=bad)
+    for bad in (-1, 1.0):
+        with pytest.raises(ValueError, match=r"^seed must be an integer >= 0"):
+            get_model("tiny-random", seed=bad)
+    with pytest.raises(ValueError, match=r"^num_blocks must be an integer >= 1"):
+        model.init_kv_cache(2.5, 4)
     assert get_model("tiny-random", max_model_len=100).max_model_len == 100
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"vocab_size": 256}, "vocab_size"), ({"max_model_len": 1}, "max_model_len"),
+    ({"seed": -1}, "seed"), ({"seed": "0"}, "seed"),
+    ({"eos_bias": float("nan")}, "eos_bias"), ({"eos_bias": "low"}, "eos_bias"),
+])
+def test_toy_model_rejects_bad_values_naming_the_parameter(kwargs, name):
+    from mini_vllm.model import ToyModel
+
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        ToyModel(**kwargs)
 
 
 def test_get_model_toy_is_the_control_plane_model():
@@ -254,3 +273,19 @@ def test_get_model_toy_is_the_control_plane_model():
     assert type(toy).__name__ == "ToyModel" and toy.vocab_size == 257
     toy.init_kv_cache(4, 4)
     assert toy.execute(make_model_input([Chunk([1, 2], 0, [1])], 4)).shape == (1, 257)
+
+
+def test_runner_helpers_reject_bad_arguments_naming_them():
+    model = get_model("tiny-random")
+    for kwargs, name in [({"max_new_tokens": 0}, "max_new_tokens"), ({"block_size": 0}, "block_size"),
+                         ({"chunk_size": 0}, "chunk_size"), ({"max_new_tokens": 2.0}, "max_new_tokens")]:
+        args = {"max_new_tokens": 2, **kwargs}
+        with pytest.raises(ValueError, match=rf"^{name} must be an integer >= 1"):
+            greedy_generate(model, [[1, 2]], **args)
+    for prompts in ([], [[1], []]):
+        with pytest.raises(ValueError, match="^prompts must be"):
+            greedy_generate(model, prompts, 2)
+    with pytest.raises(ValueError, match="^chunks must"):
+        make_model_input([], 4)
+    with pytest.raises(ValueError, match="^eos_bias: only the 'toy' model takes extra arguments"):
+        get_model("tiny-random", eos_bias=1.0)

@@ -27,6 +27,10 @@ from mini_vllm.sampling_params import SamplingParams
         ({"stop": ""}, "stop"),
         ({"stop": [1]}, "stop"),
         ({"max_tokens": True}, "max_tokens"),
+        ({"temperature": 1e-3}, "temperature"),  # upstream would raise it to 0.01
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": 0.0, "n": 2}, "n"),  # greedy copies would be identical
+        ({"seed": 1.5}, "seed"),
     ],
 )
 def test_every_invalid_value_raises_naming_the_parameter(kwargs, names):
@@ -39,6 +43,14 @@ def test_range_is_in_the_message():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match=r"top_k must be -1 or 0 \(disabled\) or >= 1, got -5"):
         SamplingParams(top_k=-5)
+
+
+def test_the_temperature_floor_is_in_the_message_and_is_itself_accepted():
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or a finite number >= 0.01, got 0.005"):
+        SamplingParams(temperature=0.005)
+    assert SamplingParams(temperature=0.01).temperature == 0.01
+    probs = Sampler().probs(np.array([0.0, 0.5, 1.0]), SamplingParams(temperature=0.01))
+    assert np.isfinite(probs).all() and probs.argmax() == 2
 
 
 def test_defaults_and_disabled_values_are_accepted():

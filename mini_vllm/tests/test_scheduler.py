@@ -203,3 +203,64 @@ def test_duplicate_request_id_is_rejected(make_scheduler, make_request):
     s.add_request(make_request([1], request_id="x"))
     with pytest.raises(ValueError, match="already"):
         s.add_request(make_request([2], request_id="x"))
+
+
+def test_constructor_rejects_a_bad_max_model_len(make_scheduler):
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=r"^max_model_len must be None or an integer >= 2"):
+            make_scheduler(max_model_len=bad)
+
+
+def test_update_from_output_refuses_a_lost_or_stray_token_and_changes_nothing(
+    make_scheduler, make_request
+):
+    s = make_scheduler()
+    a, b = make_request(range(6), request_id="a"), make_request(range(3), request_id="b")
+    s.add_request(a)
+    s.add_request(b)
+    out = s.schedule()  # both prefill completely: both must sample
+    before = [(r.num_computed_tokens, r.num_tokens) for r in (a, b)]
+    with pytest.raises(ValueError, match="'b' computed its last token and needs a token"):
+        s.update_from_output(out, {"a": 7})
+    with pytest.raises(ValueError, match=r"requests \['zz'\] were not scheduled"):
+        s.update_from_output(out, {"a": 7, "b": 7, "zz": 7})
+    assert [(r.num_computed_tokens, r.num_tokens) for r in (a, b)] == before == [(0, 6), (0, 3)]
+    assert s.update_from_output(out, {"a": 7, "b": 8}) == []
+    assert (a.output_token_ids, b.output_token_ids) == ([7], [8])
+
+
+def test_a_token_for_a_request_aborted_mid_step_is_dropped(make_scheduler, make_request):
+    s = make_scheduler()
+    a, b = make_request(range(6), request_id="a"), make_request(range(3), request_id="b")
+    s.add_request(a)
+    s.add_request(b)
+    out = s.schedule()
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)  # between schedule and update
+    assert s.update_from_output(out, {"a": 7, "b": 8}) == []
+    assert a.output_token_ids == [] and b.output_token_ids == [8]
+    assert s.kv_cache_manager.get_block_ids("a") == []
+
+
+def test_aborting_many_keeps_the_others_in_order(make_scheduler, make_request, run_step):
+    s = make_scheduler(max_num_seqs=3)
+    for i in range(6):
+        s.add_request(make_request(range(4), request_id=f"r{i}"))
+    run_step(s)  # r0..r2 running, r3..r5 waiting
+    s.finish_requests(["r1", "r4", "nope", "r1"], RequestStatus.FINISHED_ABORTED)
+    assert _ids(s.running) == ["r0", "r2"] and _ids(s.waiting) == ["r3", "r5"]
+    assert sorted(s.requests) == ["r0", "r2", "r3", "r5"]
+    out, _ = run_step(s)
+    assert out.finished_req_ids == {"r1", "r4"} and list(out.num_scheduled_tokens) == ["r0", "r2", "r3"]
+
+
+def test_a_waiting_request_that_does_not_fit_blocks_those_behind_it(make_scheduler, make_request, run_step):
+    # FCFS, as upstream: admission stops at the first request that cannot get its
+    # blocks, even if a smaller one behind it would fit.
+    s = make_scheduler(num_blocks=5, block_size=4)  # 4 usable blocks
+    s.add_request(make_request(range(8), max_tokens=4, request_id="a"))
+    run_step(s)  # a holds 2 blocks; next step its 9th token takes a 3rd, leaving 1 free
+    s.add_request(make_request(range(50, 62), request_id="big"))  # needs 3 blocks
+    s.add_request(make_request([1], request_id="small"))  # would fit in the free one
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1}
+    assert _ids(s.waiting) == ["big", "small"] and s.kv_cache_manager.block_pool.get_num_free_blocks() == 1
