@@ -295,7 +295,13 @@ def unknown_task_names(readme: str, starter: ast.Module) -> list[str]:
     method of one of its classes, or a builtin; ``Class.method(`` must be a method
     of that starter class. Calls on other objects (``engine.step(``) are skipped.
     """
-    top = {n.name for n in starter.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    # Any def or class of the module counts, nested ones too (a Triton kernel is
+    # often defined under `if triton is not None:`).
+    top = {
+        n.name
+        for n in ast.walk(starter)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
     top |= {t for n in starter.body for t in _targets(n)}
     imported = {
         (a.asname or a.name).split(".")[0]

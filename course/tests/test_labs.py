@@ -327,3 +327,12 @@ def test_a_task_the_readme_names_but_the_starter_lacks_is_caught():
         "README.md names `Counter.reset(` under What to implement, but starter.py has no such name",
         "README.md names `running_sum(` under What to implement, but starter.py has no such name",
     ]
+
+
+def test_a_task_defined_under_a_guard_is_found():
+    starter = ast.parse(
+        "try:\n    import triton\nexcept ImportError:\n    triton = None\n\n"
+        "if triton is not None:\n    def _kernel(x):\n        raise NotImplementedError\n"
+    )
+    readme = "## What to implement\n\n- `_kernel(x)`: the Triton kernel.\n"
+    assert labs.unknown_task_names(readme, starter) == []
