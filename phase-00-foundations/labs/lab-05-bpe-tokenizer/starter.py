@@ -50,8 +50,9 @@ def get_pair_counts(words: dict[tuple[int, ...], int]) -> dict[tuple[int, int], 
     """Count every adjacent pair (overlapping windows) in every word, times its frequency.
 
     ``words`` maps a word (a tuple of ids) to how often it occurs. For each word,
-    every window (w[i], w[i+1]) (itertools.pairwise gives them) adds ``freq`` to that pair's count: "aaa" holds the
-    pair (a, a) twice. Return a plain dict {pair: count}.
+    every window (w[i], w[i+1]) adds ``freq`` to that pair's count
+    (itertools.pairwise yields the windows): "aaa" holds the pair (a, a) twice.
+    Return a plain dict {pair: count}.
     """
     raise NotImplementedError("get_pair_counts: your turn (see the docstring)")
 
@@ -107,9 +108,10 @@ def encode(text: str, merges: list[tuple[int, int]]) -> list[int]:
 def decode(ids: list[int], merges: list[tuple[int, int]]) -> str:
     """The text of ``ids``; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD.
 
-    Recipe: table = vocab_bytes(merges); an id outside the table -> ValueError
-    ("token id must be in ..."); join the byte strings and decode as UTF-8 with
-    errors="replace".
+    Recipe: table = vocab_bytes(merges); an id outside ``range(len(table))``,
+    negative ones included (Python would quietly index from the end), ->
+    ValueError whose message contains "token id"; join the byte strings and
+    decode as UTF-8 with errors="replace".
     """
     raise NotImplementedError("decode: your turn (see the docstring)")
 

@@ -36,11 +36,14 @@ def merges(vocab_size: int) -> tuple[tuple[int, int], ...]:
 def test_pair_counts_and_the_first_merge_of_aaabdaaabac():
     word = tuple(b"aaabdaaabac")
     counts = impl.get_pair_counts({word: 1})
-    assert counts[(97, 97)] == 4  # overlapping windows: aa-a and a-aa, twice
+    # overlapping windows: "aaa" holds (a, a) twice, and the word has two "aaa"
+    assert counts[(97, 97)] == 4, "count (a, a) over overlapping windows: 2 in each 'aaa'"
     assert counts[(97, 98)] == 2
-    assert impl.train_bpe("aaabdaaabac", 257) == [(97, 97)]
+    assert impl.train_bpe("aaabdaaabac", 257) == [(97, 97)], "one merge, the most frequent pair"
     # every non-overlapping occurrence is replaced, not just the first: aa a b d aa a b a c
-    assert impl.merge_pair(word, (97, 97), 256) == [256, 97, 98, 100, 256, 97, 98, 97, 99]
+    assert impl.merge_pair(word, (97, 97), 256) == [256, 97, 98, 100, 256, 97, 98, 97, 99], (
+        "merge_pair must replace every occurrence, left to right, without overlap, and return a list"
+    )
 
 
 def test_word_frequencies_weight_the_counts():
@@ -50,9 +53,9 @@ def test_word_frequencies_weight_the_counts():
 
 def test_merges_are_deterministic_and_numbered_from_256():
     first = impl.train_bpe(CORPUS, 300)
-    assert first == impl.train_bpe(CORPUS, 300)
-    assert len(first) == 44
-    assert tuple(first) == all_merges()[:44]  # a bigger vocabulary only adds merges
+    assert first == impl.train_bpe(CORPUS, 300), "training must be deterministic"
+    assert len(first) == 44, "vocabulary 300 on this corpus means 300 - 256 = 44 merges"
+    assert tuple(first) == all_merges()[:44], "a bigger vocabulary may only add merges at the end"
     assert len(merges(512)) == 256
     table = impl.vocab_bytes(list(merges(512)))
     assert [table[256 + i] for i in range(10)] == [
@@ -62,14 +65,17 @@ def test_merges_are_deterministic_and_numbered_from_256():
 
 
 def test_training_stops_when_the_corpus_runs_out_of_pairs():
-    assert len(all_merges()) == 793
+    assert len(all_merges()) == 793, (
+        "train_bpe(CORPUS, 2000) must stop once no pre-token has two ids left (793 merges)"
+    )
 
 
 def test_guide_examples():
     m = list(merges(512))
     table = impl.vocab_bytes(m)
     ids = impl.encode("The keeper counted the ships.", m)
-    assert len(b"The keeper counted the ships.") == 29 and len(ids) == 8
+    assert len(b"The keeper counted the ships.") == 29
+    assert len(ids) == 8, f"expected 8 tokens at vocabulary 512, got {len(ids)}: {ids}"
     assert [table[i] for i in ids] == [
         b"The", b" keeper", b" count", b"ed", b" the", b" ship", b"s", b"."
     ]
@@ -81,7 +87,9 @@ def test_guide_examples():
 
 def test_encode_applies_merges_by_rank():
     # (b, c) was learned first, so "abc" becomes a + bc even though a-b comes first
-    assert impl.encode("abc", [(98, 99), (97, 98)]) == [97, 256]
+    assert impl.encode("abc", [(98, 99), (97, 98)]) == [97, 256], (
+        "encode must merge the lowest-rank pair first, not the leftmost pair"
+    )
     assert impl.encode("abc", [(97, 98), (98, 99)]) == [256, 99]
 
 
@@ -164,6 +172,8 @@ def test_bad_input_is_rejected():
         impl.train_bpe(CORPUS, 100)
     with pytest.raises(ValueError, match="token id"):
         impl.decode([300], [])
+    with pytest.raises(ValueError, match="token id"):
+        impl.decode([-1], [])  # not the last entry of the table
     with pytest.raises(ValueError, match="text"):
         impl.compression_ratio("", [])
     with pytest.raises(ValueError, match="kv_bytes_per_token"):

@@ -13,6 +13,8 @@ from mini_vllm.sampling_params import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPTS = ["hello", "The capital of France is", "a", "what is 1+1?"]
+# Each comparison below is ([(output_token_ids, status), ...] per request, number of steps).
+DIFFERS = "your engine_step and LLMEngine.step disagree ((tokens, status) per request, step count)"
 
 
 def reference(prompts, params, **engine_kwargs):
@@ -38,13 +40,14 @@ def by_hand(prompts, params, **engine_kwargs):
 
 
 def test_single_request_matches_llm_engine():
-    assert by_hand(["hello"], GREEDY) == reference(["hello"], GREEDY)
+    assert by_hand(["hello"], GREEDY) == reference(["hello"], GREEDY), DIFFERS
 
 
 def test_batch_matches_llm_engine_row_for_row():
     got = by_hand(PROMPTS, GREEDY)
-    assert got == reference(PROMPTS, GREEDY)
-    assert len({tuple(tokens) for tokens, _ in got[0]}) == len(PROMPTS)  # rows were not swapped
+    assert got == reference(PROMPTS, GREEDY), DIFFERS + ": is row i of the logits given to scheduled_requests[i]?"
+    # the four outputs differ, so a swapped row could not hide behind identical answers
+    assert len({tuple(tokens) for tokens, _ in got[0]}) == len(PROMPTS)
 
 
 @settings(max_examples=15, deadline=None)
@@ -52,20 +55,23 @@ def test_batch_matches_llm_engine_row_for_row():
 def test_matches_under_chunked_prefill_and_tight_budgets(budget, threshold, max_seqs):
     kw = dict(max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
               max_num_seqs=max_seqs)
-    assert by_hand(PROMPTS, GREEDY, **kw) == reference(PROMPTS, GREEDY, **kw)
+    assert by_hand(PROMPTS, GREEDY, **kw) == reference(PROMPTS, GREEDY, **kw), DIFFERS
 
 
 def test_matches_on_the_tiny_random_transformer():
     kw = dict(model="tiny-random", block_size=4, num_blocks=64, max_num_batched_tokens=7)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    assert by_hand(PROMPTS[:3], params, **kw) == reference(PROMPTS[:3], params, **kw)
+    assert by_hand(PROMPTS[:3], params, **kw) == reference(PROMPTS[:3], params, **kw), DIFFERS
 
 
 def test_matches_with_seeded_sampling_even_when_prompts_are_chunked():
     params = [SamplingParams(temperature=0.9, top_k=40, top_p=0.95, max_tokens=8, seed=s)
               for s in (11, 12, 13, 14)]
     kw = dict(max_num_batched_tokens=6)
-    assert by_hand(PROMPTS, params, **kw) == reference(PROMPTS, params, **kw)
+    assert by_hand(PROMPTS, params, **kw) == reference(PROMPTS, params, **kw), (
+        DIFFERS + ": keep one generator per request across steps, created from its seed, "
+        "and draw from it only for the rows rows_to_sample returns"
+    )
 
 
 def test_rows_to_sample_skips_a_mid_prefill_chunk():
@@ -85,7 +91,10 @@ def test_mid_prefill_chunk_emits_no_token_but_still_advances():
     for _ in range(3):
         impl.engine_step(engine.scheduler, engine.model, engine.sampler)
         seen.append((request.num_computed_tokens, request.num_tokens, request.num_output_tokens))
-    assert seen == [(4, 10, 0), (8, 10, 0), (10, 11, 1)]
+    # (num_computed_tokens, num_tokens, num_output_tokens) after each step
+    assert seen == [(4, 10, 0), (8, 10, 0), (10, 11, 1)], (
+        "a mid-prefill chunk samples nothing, but update_from_output must still run"
+    )
 
 
 class _NoCallModel(ToyModel):

@@ -36,15 +36,27 @@ def free_ids(pool):
 def check_invariants(pool):
     """I1 and I3 over the whole pool, from the outside."""
     free = pool.free_block_queue.get_all_free_blocks()
-    assert len(free) == pool.free_block_queue.num_free_blocks == pool.get_num_free_blocks()
+    counter, reported = pool.free_block_queue.num_free_blocks, pool.get_num_free_blocks()
+    assert len(free) == counter == reported, (
+        f"the free queue holds {len(free)} blocks but num_free_blocks says {counter} and "
+        f"get_num_free_blocks() says {reported}: a method forgot to update the counter"
+    )
     free_set = {b.block_id for b in free}
-    assert len(free_set) == len(free), "a block is in the free queue twice"
-    assert pool.null_block.block_id == 0 and 0 not in free_set
+    assert len(free_set) == len(free), f"a block is in the free queue twice: {ids(free)}"
+    assert pool.null_block.block_id == 0, "block 0 must be the null block"
+    assert 0 not in free_set, f"the null block is back in the free queue: {ids(free)}"
     for block in pool.blocks[1:]:
-        assert block.ref_cnt >= 0
-        assert (block.block_id in free_set) == (block.ref_cnt == 0), f"I1 broken at {block}"
+        assert block.ref_cnt >= 0, f"{block}: ref_cnt went negative (freed once too often)"
+        in_queue = block.block_id in free_set
+        assert in_queue == (block.ref_cnt == 0), (
+            f"I1 broken at {block}: it is {'' if in_queue else 'not '}in the free queue"
+        )
         if block.block_hash is not None:
-            assert pool.cached_block_hash_to_block[block.block_hash][block.block_id] is block
+            indexed = pool.cached_block_hash_to_block.get(block.block_hash, {})
+            assert indexed.get(block.block_id) is block, (
+                f"{block} has a hash but is missing from cached_block_hash_to_block "
+                "under it (a hash and its index entry must come and go together)"
+            )
 
 
 def request(hashes):
@@ -195,6 +207,19 @@ def test_identical_content_is_not_deduplicated_I2():
     check_invariants(pool)
 
 
+def test_null_block_stays_out_of_the_free_queue():
+    pool = impl.BlockPool(4)
+    null = pool.null_block
+    # A block table may point at the null block (a "no block here" entry). Touching
+    # and freeing it must never link it into the free queue, or it would be handed out.
+    pool.touch([null])
+    assert free_ids(pool) == [1, 2, 3], "touch() must not unlink the null block: it is not queued"
+    pool.free_blocks([null])
+    assert free_ids(pool) == [1, 2, 3], "free_blocks() must not append the null block"
+    assert pool.get_num_free_blocks() == 3
+    check_invariants(pool)
+
+
 def test_only_full_blocks_are_cached_I3():
     pool = impl.BlockPool(8)
     hashes = chain([[1, 2, 3, 4], [5, 6, 7, 8]])  # tokens 1..10: 2 full blocks + 2 tokens
@@ -301,14 +326,28 @@ def test_upstream_computed_blocks_not_evicted_with_your_pool():
 
 def snapshot(kv, live):
     pool = kv.block_pool
-    return (
-        free_ids(pool),
-        {rid: kv.get_block_ids(rid) for rid in live},
-        [b.ref_cnt for b in pool.blocks],
-        [b.block_hash for b in pool.blocks],
-        pool.get_num_free_blocks(),
-        round(pool.get_usage(), 12),
-    )
+    return {
+        "free queue (head to tail)": free_ids(pool),
+        "block tables": {rid: kv.get_block_ids(rid) for rid in live},
+        "ref_cnt by block id": [b.ref_cnt for b in pool.blocks],
+        "block_hash by block id": [b.block_hash for b in pool.blocks],
+        "get_num_free_blocks()": pool.get_num_free_blocks(),
+        "get_usage()": round(pool.get_usage(), 12),
+    }
+
+
+def assert_same_state(ref_kv, ref_live, your_kv, your_live, after):
+    ref, yours = snapshot(ref_kv, ref_live), snapshot(your_kv, your_live)
+    for name in ref:
+        if yours[name] != ref[name]:
+            show = short_hashes if name.startswith("block_hash") else (lambda x: x)
+            pytest.fail(f"after {after}: your {name} is {show(yours[name])}, "
+                        f"mini_vllm's is {show(ref[name])}")
+
+
+def short_hashes(hashes):
+    """32-byte digests cut to 8 hex digits, so a failure message stays readable."""
+    return [None if h is None else h.hex()[:8] for h in hashes]
 
 
 def run_ops(seed, num_ops, num_blocks=12, block_size=4, enable_caching=True):
@@ -320,7 +359,7 @@ def run_ops(seed, num_ops, num_blocks=12, block_size=4, enable_caching=True):
     reqs: list[dict[str, Request]] = [{}, {}]
     counter = 0
     prefixes = [[rng.randrange(3) for _ in range(12)] for _ in range(3)]
-    for _ in range(num_ops):
+    for step in range(num_ops):
         op = rng.random()
         if op < 0.45 or not reqs[0]:
             counter += 1
@@ -333,7 +372,11 @@ def run_ops(seed, num_ops, num_blocks=12, block_size=4, enable_caching=True):
                 if got is not None:
                     live[req.request_id] = req
                 results.append(got)
-            assert results[0] == results[1]
+            what = f"operation {step}: admit request {counter} with {len(tokens)} tokens"
+            assert results[1] == results[0], (
+                f"{what}: mini_vllm's manager got {results[0]} cached tokens "
+                f"(None = refused), on your pool {results[1]}"
+            )
         elif op < 0.75:
             rid = rng.choice(sorted(reqs[0]))
             token = rng.randrange(3)
@@ -345,12 +388,17 @@ def run_ops(seed, num_ops, num_blocks=12, block_size=4, enable_caching=True):
                 if new is not None:
                     req.num_computed_tokens = req.num_tokens
                 results.append(None if new is None else ids(new))
-            assert results[0] == results[1]
+            what = f"operation {step}: one decode token for request {rid}"
+            assert results[1] == results[0], (
+                f"{what}: mini_vllm's pool gave new blocks {results[0]} (None = refused), "
+                f"yours {results[1]}"
+            )
         else:
             rid = rng.choice(sorted(reqs[0]))
             for kv, live in zip(kvs, reqs, strict=True):
                 kv.free(live.pop(rid))
-        assert snapshot(kvs[0], reqs[0]) == snapshot(kvs[1], reqs[1])
+            what = f"operation {step}: free request {rid}"
+        assert_same_state(kvs[0], reqs[0], kvs[1], reqs[1], what)
         check_invariants(kvs[1].block_pool)
 
 

@@ -97,7 +97,8 @@ def paged_attention(
     Returns ``[num_heads, head_dim]``.
 
     Recipe:
-      1. ValueError if ``seq_len < 1`` or heads do not divide evenly.
+      1. ValueError naming ``seq_len`` if ``seq_len < 1``; ValueError naming
+         ``num_kv_heads`` if ``num_heads % num_kv_heads != 0``.
       2. ``keys = gather_kv(k_cache, ...)``, ``values = gather_kv(v_cache, ...)``.
       3. For each head: ``scores = keys[:, kv_head] @ q[h] / sqrt(head_dim)``;
          subtract ``scores.max()`` before ``np.exp``; normalise; multiply by

@@ -187,7 +187,11 @@ def test_online_softmax_block_by_block_agrees_below_1e_15():
             m = m_new
         online[h] = acc / denom
     got = impl.paged_attention(q, k_cache, v_cache, table, seq_len, bs)
-    assert np.abs(online - got).max() < 1e-15
+    gap = np.abs(online - got).max()
+    assert gap < 1e-15, (
+        f"online softmax and paged_attention differ by {gap:.1e}; float64 rounding alone gives "
+        "a few 1e-16, so look for a missing scale, max subtraction or tail-block row"
+    )
 
 
 def test_write_kv_rejects_mismatched_rows():
@@ -197,6 +201,15 @@ def test_write_kv_rejects_mismatched_rows():
         impl.write_kv(k_cache, v_cache, np.array([0, 1]), np.ones((3, 1, 2)), np.ones((3, 1, 2)))
     with pytest.raises(ValueError, match="slot_mapping"):
         impl.write_kv(k_cache, v_cache, np.array([8]), np.ones((1, 1, 2)), np.ones((1, 1, 2)))
+
+
+def test_paged_attention_rejects_an_empty_sequence_and_uneven_head_groups():
+    k_cache = np.zeros((3, BLOCK_SIZE, KV_HEADS, DIM))
+    v_cache = np.zeros((3, BLOCK_SIZE, KV_HEADS, DIM))
+    with pytest.raises(ValueError, match="seq_len"):
+        impl.paged_attention(np.ones((HEADS, DIM)), k_cache, v_cache, [1, 2], 0, BLOCK_SIZE)
+    with pytest.raises(ValueError, match="num_kv_heads"):  # 3 query heads cannot share 2 KV heads
+        impl.paged_attention(np.ones((3, DIM)), k_cache, v_cache, [1, 2], 5, BLOCK_SIZE)
 
 
 def test_agrees_with_mini_vllm_attention_for_a_decode_row():

@@ -117,12 +117,18 @@ def test_no_admission_in_a_step_that_preempted():
     kv.held, kv.num_free_blocks = {"A": 1, "B": 2}, 0
     tiny = impl.Req("tiny", 1, 1)
     running, waiting = [a, b], deque([tiny])
-    out = impl.schedule_step(running, waiting, kv, 2048, 8)
-    # B is evicted to give A its second block; 1 block is then free and "tiny"
-    # would fit, but a step that preempted admits nobody.
+    out = impl.schedule_step(running, waiting, kv, 2048, 8, long_prefill_token_threshold=4)
+    # B is evicted to give A its second block, and 1 block is then free. The head
+    # of the queue (B again, its 9-token replay cut to a 4-token chunk by the
+    # threshold) would fit in it, and so would "tiny" behind it; but a step that
+    # preempted admits nobody.
     assert out.preempted_req_ids == ["B"]
+    assert out.num_scheduled_tokens == {"A": 1}, (
+        "a step that preempted must not run the waiting pass, even for a request that fits"
+    )
     assert kv.num_free_blocks == 1
-    assert "tiny" not in out.num_scheduled_tokens
+    assert kv.blocks_needed(b, 4) == 1  # B's 4-token chunk would have fitted
+    assert running == [a]
     assert [r.request_id for r in waiting] == ["B", "tiny"]
 
 
@@ -203,6 +209,19 @@ def mini_vllm_trace(spec, num_blocks, block_size, budget, seqs, threshold):
     raise AssertionError("mini_vllm did not finish")
 
 
+def assert_same_trace(ours, expected, workload):
+    """Step by step, so a failure names the first step where the two schedulers part ways."""
+    mine = [(t.num_scheduled_tokens, t.preempted_req_ids) for t in ours]
+    for i, (got, want) in enumerate(zip(mine, expected, strict=False)):
+        assert got == want, (
+            f"step {i + 1} (trace[{i}]) of {workload}: you scheduled {got[0]} and preempted "
+            f"{got[1]}; mini_vllm scheduled {want[0]} and preempted {want[1]}"
+        )
+    assert len(mine) == len(expected), (
+        f"{workload}: your run took {len(mine)} steps, mini_vllm's {len(expected)}"
+    )
+
+
 workloads = st.fixed_dictionaries({
     "block_size": st.sampled_from([1, 2, 4, 8]),
     "reqs": st.lists(
@@ -227,7 +246,10 @@ def test_matches_mini_vllm_scheduler_step_for_step_on_random_workloads(w):
 
     reqs = [(t, impl.Req(rid, p, m)) for t, rid, p, m in spec]
     ours = impl.run_workload(reqs, impl.FakeKV(num_blocks, bs), w["budget"], w["seqs"], w["threshold"])
-    assert [(t.num_scheduled_tokens, t.preempted_req_ids) for t in ours] == expected
+    assert_same_trace(ours, expected, (
+        f"the workload (arrival step, id, prompt, max_tokens) {spec} with num_blocks={num_blocks}, "
+        f"block_size={bs}, budget={w['budget']}, max_num_seqs={w['seqs']}, threshold={w['threshold']}"
+    ))
     for t in ours:
         assert t.total_num_scheduled_tokens <= w["budget"]
     assert all(r.num_output_tokens == r.max_tokens for _, r in reqs)
@@ -246,6 +268,9 @@ def test_random_comparison_really_exercises_preemption():
         expected = mini_vllm_trace(spec, num_blocks, bs, budget, seqs, thr)
         reqs = [(t, impl.Req(rid, p, m)) for t, rid, p, m in spec]
         ours = impl.run_workload(reqs, impl.FakeKV(num_blocks, bs), budget, seqs, thr)
-        assert [(t.num_scheduled_tokens, t.preempted_req_ids) for t in ours] == expected
+        assert_same_trace(ours, expected, (
+            f"the workload (arrival step, id, prompt, max_tokens) {spec} with num_blocks={num_blocks}, "
+            f"block_size={bs}, budget={budget}, max_num_seqs={seqs}, threshold={thr}"
+        ))
         workloads_with_preemption += any(t.preempted_req_ids for t in ours)
     assert workloads_with_preemption >= 10
