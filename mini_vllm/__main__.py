@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete prompts and trace every engine step")
     gen.add_argument("prompts", nargs="+", help="one or more prompts")
     gen.add_argument("--model", default=DEFAULT_MODEL, help=f"'toy', 'tiny-random' or a model folder ({DEFAULT_MODEL})")
+    gen.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
+                     help="run the transformer in numpy or in PyTorch on the CPU (numpy)")
     gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off (0)")
@@ -97,6 +99,7 @@ def run_generate(args: argparse.Namespace) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs or 256,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_caching=args.enable_caching, max_model_len=args.max_model_len, seed=args.seed,
+        model_backend=args.backend,
     )
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -70,6 +70,9 @@ class LLMEngine:
     """The engine. ``model`` is ``"toy"``, any name ``mini_vllm.models.get_model``
     knows (``"tiny-random"``, a folder, a hub id), or a model object.
 
+    ``model_backend="torch"`` runs a named transformer in PyTorch on the CPU
+    (for a GPU, pass ``get_model(name, backend="torch", device="cuda")``).
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -86,7 +89,13 @@ class LLMEngine:
         enable_caching: bool = True,
         max_model_len: int | None = None,
         seed: int = 0,
+        model_backend: str = "numpy",
     ) -> None:
+        if model_backend not in ("numpy", "torch"):
+            raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
+        if model_backend != "numpy" and (not isinstance(model, str) or model == "toy"):
+            raise ValueError(f"model_backend {model_backend!r} applies to a transformer named by "
+                             f"'tiny-random', a folder or a hub id, not to {model!r}")
         _positive_int("block_size", block_size)
         _positive_int("num_blocks", num_blocks, 2)
         _positive_int("seed", seed, 0)
@@ -97,7 +106,7 @@ class LLMEngine:
         elif isinstance(model, str):
             from mini_vllm.models import get_model
 
-            self.model = get_model(model, seed=seed, max_model_len=max_model_len)
+            self.model = get_model(model, seed=seed, max_model_len=max_model_len, backend=model_backend)
         else:
             missing = [a for a in _MODEL_INTERFACE if not hasattr(model, a)]
             if missing:

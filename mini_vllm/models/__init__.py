@@ -9,17 +9,25 @@
 - a hub id (``"org/name"``), downloaded with huggingface_hub when online.
 
 Files: ``config.py`` (ModelConfig), ``attention.py`` (paged write and read),
-``llama.py`` (the forward pass), ``loader.py`` (safetensors and name mapping).
+``llama.py`` (the forward pass), ``loader.py`` (safetensors and name mapping),
+``torch_backend.py`` (the same model in torch, on CPU or CUDA: ``backend="torch"``).
 
 upstream: vllm/model_executor/model_loader/default_loader.py:43 DefaultModelLoader
 """
 from __future__ import annotations
 
+import importlib.util
+
 from mini_vllm.models.config import ModelConfig, ModelConfigError, tiny_random_config
 from mini_vllm.models.llama import LlamaForCausalLM, Weights, random_weights
 from mini_vllm.models.loader import WeightLoadError, load_model, load_weights
 
+BACKENDS = ("numpy", "torch")
+DEVICES = ("cpu", "cuda")
+
 __all__ = [
+    "BACKENDS",
+    "DEVICES",
     "LlamaForCausalLM",
     "ModelConfig",
     "ModelConfigError",
@@ -43,18 +51,39 @@ def tiny_random(seed: int = 0, max_model_len: int | None = None) -> LlamaForCaus
                             max_model_len=max_model_len, name="tiny-random")
 
 
-def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None, **kw):
+def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None,
+              backend: str = "numpy", device: str = "cpu", **kw):
     """Build the model the engine runs (see the module docstring for the choices).
 
     ``seed`` seeds tiny-random's (and the toy model's) weights; ``max_model_len``
     caps the context length (default: the config's ``max_position_embeddings``).
-    Extra keyword arguments are passed to ``ToyModel``.
+    ``backend="torch"`` runs the same transformer, same weights, in PyTorch on
+    ``device`` ("cpu" or "cuda"); numpy (the default) is the reference and runs
+    on the CPU only. Extra keyword arguments are passed to ``ToyModel``.
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ValueError(f"model must be 'toy', 'tiny-random', a folder or a hub id, "
                          f"got {name_or_path!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if backend == "numpy" and device != "cpu":
+        raise ValueError(f"device must be 'cpu' for backend 'numpy' (use backend='torch' "
+                         f"for {device!r}), got {device!r}")
+    if backend == "torch":
+        if name_or_path == "toy":
+            raise ValueError("backend 'torch' runs the transformer; the 'toy' model exists "
+                             "only in numpy (use backend='numpy')")
+        if importlib.util.find_spec("torch") is None:
+            raise ImportError("backend 'torch' needs PyTorch, which is not installed "
+                              "(pip install torch)")
+        from mini_vllm.models.torch_backend import TorchLlamaForCausalLM
+
+        reference = get_model(name_or_path, seed, max_model_len, **kw)
+        return TorchLlamaForCausalLM.from_numpy(reference, device)
     if name_or_path == "toy":
         from mini_vllm.model import ToyModel
 

@@ -1,0 +1,195 @@
+"""The same Llama / Qwen2 model in PyTorch, on the CPU or a CUDA GPU: an optional backend.
+
+The numpy model (``llama.py``, ``attention.py``) is the reference. This file
+runs the same math, line for line, from the same ``ModelConfig`` and
+``Weights``, behind the same interface (``init_kv_cache``, ``execute``). What
+changes is where the numbers live: each weight becomes a torch tensor on
+``device`` once, at construction, and the paged KV cache is a torch tensor
+there too. Per step, only ``ModelInput``'s small index arrays go to the device
+and only the sampled rows' logits come back, as float32 numpy.
+
+The two paged operations, in torch::
+
+    write  cache.view(num_slots, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    read   cache[block_tables] -> [B, blocks, block_size, kv_heads, head_dim],
+           slots at or past each seq_len zeroed, future keys masked to -inf
+
+Requests with the same number of query rows (all of a step's decodes, above
+all) share one gather and one masked softmax, as in ``attention.py``. A real
+GPU backend hands the same metadata to a fused kernel (FlashAttention's varlen
+path) instead of materialising the gathered keys; the result is the same.
+
+upstream: vllm/_custom_ops.py:2591 reshape_and_cache_flash
+upstream: vllm/v1/attention/backends/flash_attn.py:667 FlashAttentionImpl.forward
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from mini_vllm.model_input import ModelInput
+from mini_vllm.models import DEVICES
+from mini_vllm.models.config import ModelConfig
+from mini_vllm.models.llama import LayerWeights, LlamaForCausalLM, Weights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos, sin: [T, head_dim / 2] (the neox pairing of llama.py)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x @ weight  # weights are [in, out], as in llama.py
+    return out if bias is None else out + bias
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Row ``i`` of ``k``/``v`` ([T, kv_heads, head_dim]) goes to slot ``slot_mapping[i]``."""
+    kv_heads, head_dim = k_cache.shape[2:]
+    # view() of a contiguous cache shares its storage, so the copy lands in the cache.
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+              max_len: int) -> torch.Tensor:
+    """[B, max_len, kv_heads, head_dim]: each request's tokens, zero at or past its seq_len."""
+    rows = cache[block_tables]  # [B, n, block_size, kv_heads, head_dim], a copy
+    rows = rows.reshape(len(block_tables), -1, *cache.shape[2:])[:, :max_len]
+    past = torch.arange(max_len, device=cache.device)[None, :] >= seq_lens[:, None]
+    return rows.masked_fill(past[:, :, None, None], 0.0)  # NaN in a stale slot is gone too
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """Causal grouped-query attention. q: [B, M, heads, hd]; k, v: [B, L, kv_heads, hd]."""
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bmhd,blhd->bhml", q, k) * scale
+    keys = torch.arange(k.shape[1], device=q.device)
+    future = keys[None, None, :] > q_positions[:, :, None]  # [B, M, L]
+    probs = torch.softmax(scores.masked_fill(future[:, None], float("-inf")), dim=-1)
+    return torch.einsum("bhml,blhd->bmhd", probs, v)
+
+
+class TorchLlamaForCausalLM:
+    """The transformer of ``llama.py`` in torch; pass ``device="cuda"`` to run it on a GPU."""
+
+    def __init__(self, config: ModelConfig, weights: Weights, tokenizer=None,
+                 max_model_len: int | None = None, name: str = "llama", device: str = "cpu"):
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' needs a CUDA GPU; torch.cuda.is_available() is False")
+        # The numpy model checks config and max_model_len and computes the RoPE
+        # frequencies; reuse it so both backends accept exactly the same inputs.
+        ref = LlamaForCausalLM(config, weights, tokenizer, max_model_len, name)
+        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.vocab_size, self.eos_token_id = ref.vocab_size, ref.eos_token_id
+        self.max_model_len, self.scale = ref.max_model_len, ref.scale
+        self.device = torch.device(device)
+        self.inv_freq = self._tensor(ref.inv_freq)
+        # The same dataclasses as the numpy model, holding tensors instead of arrays.
+        layers = [LayerWeights(**{f.name: self._tensor(getattr(lw, f.name))
+                                  for f in dataclasses.fields(LayerWeights)})
+                  for lw in weights.layers]
+        self.weights = Weights(embed_tokens=self._tensor(weights.embed_tokens), layers=layers,
+                               norm=self._tensor(weights.norm),
+                               lm_head=self._tensor(weights.lm_head))
+        self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
+
+    @classmethod
+    def from_numpy(cls, model: LlamaForCausalLM, device: str = "cpu") -> TorchLlamaForCausalLM:
+        """The torch twin of a numpy model: same config, weights, tokenizer and limits."""
+        return cls(model.config, model.weights, model.tokenizer, model.max_model_len,
+                   model.name, device)
+
+    def _tensor(self, a: np.ndarray | None) -> torch.Tensor | None:
+        """A numpy array as a tensor on this model's device (read-only arrays are copied)."""
+        if a is None:
+            return None
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a if a.flags.writeable else a.copy()).to(self.device)
+
+    # -- the model interface -------------------------------------------------
+    def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each, zeroed."""
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        c = self.config
+        self.kv_cache = torch.zeros((c.num_hidden_layers, 2, num_blocks, block_size,
+                                     c.num_key_value_heads, c.head_dim),
+                                    dtype=torch.float32, device=self.device)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+
+    @torch.inference_mode()
+    def execute(self, model_input: ModelInput) -> np.ndarray:
+        """Run one step; return float32 numpy logits [num_reqs, vocab] at ``logits_indices``."""
+        if self.kv_cache is None:
+            raise RuntimeError("call init_kv_cache(num_blocks, block_size) before execute()")
+        if model_input.block_size != self.kv_cache.shape[3]:
+            raise ValueError(f"model_input.block_size ({model_input.block_size}) differs from "
+                             f"the KV cache's block_size ({self.kv_cache.shape[3]})")
+        hidden = self.forward(model_input)[self._tensor(model_input.logits_indices)]
+        logits = rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps) @ self.weights.lm_head
+        return logits.cpu().numpy()
+
+    # -- the forward pass ----------------------------------------------------
+    def forward(self, model_input: ModelInput) -> torch.Tensor:
+        """The residual stream after the last layer, every row: [T, hidden]."""
+        c, w, t = self.config, self.weights, self._tensor
+        num_tokens = model_input.num_tokens
+        x = w.embed_tokens[t(model_input.token_ids)]
+        angles = t(model_input.positions).to(torch.float32)[:, None] * self.inv_freq[None, :]
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        slots = t(model_input.slot_mapping)
+        for layer_idx, lw in enumerate(w.layers):
+            qkv = linear(rms_norm(x, lw.input_norm, c.rms_norm_eps), lw.qkv_proj, lw.qkv_bias)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = apply_rope(q.reshape(num_tokens, c.num_attention_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.reshape(num_tokens, c.num_key_value_heads, c.head_dim), cos, sin)
+            v = v.reshape(num_tokens, c.num_key_value_heads, c.head_dim)
+            k_cache, v_cache = self.kv_cache[layer_idx]
+            write_kv(k_cache, v_cache, k, v, slots)  # the whole batch, before any read
+            attn = self.paged_attention(q, k_cache, v_cache, model_input)
+            x = x + linear(attn.reshape(num_tokens, c.q_size), lw.o_proj, lw.o_bias)
+
+            gate_up = linear(rms_norm(x, lw.post_norm, c.rms_norm_eps), lw.gate_up_proj,
+                             lw.gate_up_bias)
+            gate, up = gate_up.split([c.intermediate_size, c.intermediate_size], dim=-1)
+            x = x + linear(torch.nn.functional.silu(gate) * up, lw.down_proj, lw.down_bias)
+        return x
+
+    def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        model_input: ModelInput) -> torch.Tensor:
+        """Every row of a mixed batch, one group per distinct number of query rows."""
+        out = torch.empty_like(q)
+        qsl, t = model_input.query_start_loc, self._tensor
+        num_rows = np.diff(qsl)
+        for m in np.unique(num_rows[num_rows > 0]).tolist():
+            reqs = np.flatnonzero(num_rows == m)
+            rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()
+            seq_lens = model_input.seq_lens[reqs]
+            max_len = int(seq_lens.max())
+            tables = t(model_input.block_tables[reqs, :-(-max_len // k_cache.shape[1])])
+            k = gather_kv(k_cache, tables, t(seq_lens), max_len)
+            v = gather_kv(v_cache, tables, t(seq_lens), max_len)
+            rows_t = t(rows)
+            qb = q[rows_t].reshape(len(reqs), m, *q.shape[1:])
+            pos = t(model_input.positions[rows]).reshape(len(reqs), m)
+            out[rows_t] = attend(qb, k, v, pos, self.scale).reshape(len(rows), *q.shape[1:])
+        return out
