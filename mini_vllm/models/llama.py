@@ -80,6 +80,18 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
+def kv_cache_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """[layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim], arguments checked.
+
+    One definition for every backend, so numpy and torch caches can never disagree.
+    """
+    for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return (config.num_hidden_layers, 2, num_blocks, block_size,
+            config.num_key_value_heads, config.head_dim)
+
+
 class LlamaForCausalLM:
     """The numpy transformer behind the model interface every mini_vllm model shares."""
 
@@ -106,12 +118,8 @@ class LlamaForCausalLM:
     # -- the model interface -------------------------------------------------
     def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """Allocate K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each."""
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        c = self.config
-        self.kv_cache = np.zeros((c.num_hidden_layers, 2, num_blocks, block_size,
-                                  c.num_key_value_heads, c.head_dim), dtype=np.float32)
+        self.kv_cache = np.zeros(kv_cache_shape(self.config, num_blocks, block_size),
+                                 dtype=np.float32)
 
     @property
     def kv_cache_bytes(self) -> int:

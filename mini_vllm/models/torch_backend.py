@@ -32,7 +32,7 @@ import torch
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models import DEVICES
 from mini_vllm.models.config import ModelConfig
-from mini_vllm.models.llama import LayerWeights, LlamaForCausalLM, Weights
+from mini_vllm.models.llama import LayerWeights, LlamaForCausalLM, Weights, kv_cache_shape
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,12 +124,7 @@ class TorchLlamaForCausalLM:
     # -- the model interface -------------------------------------------------
     def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each, zeroed."""
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        c = self.config
-        self.kv_cache = torch.zeros((c.num_hidden_layers, 2, num_blocks, block_size,
-                                     c.num_key_value_heads, c.head_dim),
+        self.kv_cache = torch.zeros(kv_cache_shape(self.config, num_blocks, block_size),
                                     dtype=torch.float32, device=self.device)
 
     @property

@@ -51,3 +51,14 @@ def run_step():
         return out, scheduler.update_from_output(out, sampled)
 
     return step
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's torch work on one thread: tensors this small only lose time to a
+    second intra-op thread, and on a busy 2-core machine that costs seconds."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

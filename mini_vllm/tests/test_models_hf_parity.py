@@ -60,14 +60,7 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # These models are tiny: a second intra-op thread only adds spin-waiting,
-    # which on a busy 2-core machine costs seconds of wall time.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def build_hf_model(family: str, seed: int = 0, **kw):

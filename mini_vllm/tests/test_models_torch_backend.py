@@ -43,13 +43,7 @@ PROMPTS = [{"prompt_token_ids": SHARED + [1, 2, 3]}, {"prompt_token_ids": [200]}
            {"prompt_token_ids": list(range(100, 131))}, {"prompt_token_ids": SHARED}]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tensors this small only lose time to a second thread (and to other jobs on 2 cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _biased_model() -> LlamaForCausalLM:
