@@ -9,6 +9,11 @@ Every ``test_lab.py`` starts with::
 environment variable ``LAB_IMPL=starter`` is set. Modules are imported by file
 path under a name unique to the lab folder, so seventy folders that all hold a
 ``starter.py`` never collide in ``sys.modules``.
+
+Tools that grade another version of a lab's code in place (``python -m course
+mutants`` and ``python -m course progress``) set ``LAB_IMPL_FILE`` to that file:
+it is loaded instead of ``solution.py`` / ``starter.py``. Run one lab's tests
+at a time with it.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from types import ModuleType
 
 ALLOWED_IMPLS = ("solution", "starter")
 ENV_VAR = "LAB_IMPL"
+FILE_ENV_VAR = "LAB_IMPL_FILE"
 
 
 class LabImplError(ValueError):
@@ -70,4 +76,10 @@ def load_impl(test_file: str | os.PathLike[str], impl: str | None = None) -> Mod
     which = impl if impl is not None else selected_impl()
     if which not in ALLOWED_IMPLS:
         raise LabImplError(f"impl={which!r} is not allowed: use one of {', '.join(ALLOWED_IMPLS)}")
+    override = os.environ.get(FILE_ENV_VAR, "").strip()
+    if impl is None and override:
+        path = pathlib.Path(override)
+        if not path.is_file():
+            raise LabImplError(f"{FILE_ENV_VAR}={override!r} is not a file")
+        return import_path(path)
     return import_path(pathlib.Path(test_file).resolve().parent / f"{which}.py")
