@@ -4,6 +4,7 @@
     python -m course cite [--root DIR] [--upstream DIR] [FILE.md ...]
     python -m course labs [--root DIR] [--lab PATH ...] [--static]
     python -m course book [--root DIR] [--no-build] [--out DIR]
+    python -m course nav [--root DIR] [--check]
 
 Exit status: 0 all good, 1 the check found problems (listed on stdout),
 2 bad input or environment (one line on stderr, no traceback).
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     book.add_argument("--root", metavar="DIR", help="repository root (default: this repo)")
     book.add_argument("--no-build", action="store_true", help="only check an existing build")
     book.add_argument("--out", metavar="DIR", help="site folder (default: ROOT/build/book)")
+    nav = sub.add_parser(
+        "nav",
+        help="rewrite (or --check) every phase page's footer links from the reading order",
+        description="Footer links of the phase pages follow each phase's recommended lab order.",
+    )
+    nav.add_argument("--root", metavar="DIR", help="repository root (default: this repo)")
+    nav.add_argument("--check", action="store_true", help="only list the footers to fix (exit 1)")
     return parser
 
 
@@ -110,6 +118,10 @@ def run(argv: list[str]) -> int:
 
         out = pathlib.Path(args.out).resolve() if args.out else None
         return book.run(_root(args.root), out=out, do_build=not args.no_build)
+    if args.command == "nav":
+        from course import nav
+
+        return nav.main(_root(args.root), check=args.check)
     raise AssertionError(args.command)  # argparse restricts the choices
 
 

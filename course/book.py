@@ -9,7 +9,8 @@
      ``UPSTREAM_PIN.md``), "The engine" (``mini_vllm/README.md``,
      ``mini_vllm/BENCHMARKS.md`` and any other markdown in ``mini_vllm/``),
      "The course" (each phase in order: ``00-guide``, ``01-deep-dive``,
-     ``02-mini-build``, ``labs/README`` with one child per lab README,
+     ``02-mini-build``, ``labs/README`` with one child per lab README in the
+     recommended order of ``course/nav.py``,
      ``EXERCISES``, ``INTERVIEW``, ``CHEATSHEET``, then any other page of the
      phase), and "Reference" (``GLOSSARY.md``, ``CAREER.md``, ``PUBLISHING.md``
      and any other top-level page). Titles are the pages' first headings.
@@ -55,7 +56,7 @@ import sys
 import textwrap
 import urllib.parse
 
-from course import cite
+from course import cite, nav
 from course.errors import CourseError
 from course.upstream import PIN
 
@@ -194,7 +195,9 @@ def phase_chapter(root: pathlib.Path, phase: pathlib.Path) -> Chapter | None:
 
     labs_readme = take(f"{name}/labs/README.md")
     lab_chapters = []
-    for lab in sorted(p for p in (phase / "labs").glob("lab-*") if p.is_dir()):
+    ordered = nav.lab_order(phase)  # the labs README's recommended order
+    others = sorted(p for p in (phase / "labs").glob("lab-*") if p.is_dir() and p not in ordered)
+    for lab in ordered + others:
         lab_prefix = f"{name}/labs/{lab.name}/"
         lab_md = [r for r in all_md if r.startswith(lab_prefix)]
         readme = take(lab_prefix + "README.md")
