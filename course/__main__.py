@@ -5,6 +5,7 @@
     python -m course labs [--root DIR] [--lab PATH ...] [--static]
     python -m course book [--root DIR] [--no-build] [--out DIR]
     python -m course nav [--root DIR] [--check]
+    python -m course progress [PHASE ...] [--root DIR] [--no-cache]
 
 Exit status: 0 all good, 1 the check found problems (listed on stdout),
 2 bad input or environment (one line on stderr, no traceback).
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     nav.add_argument("--root", metavar="DIR", help="repository root (default: this repo)")
     nav.add_argument("--check", action="store_true", help="only list the footers to fix (exit 1)")
+
+    prog = sub.add_parser(
+        "progress",
+        help="grade your starters (LAB_IMPL=starter): done / in progress / not started, per phase",
+        description="Run every lab's tests on its starter.py and report your progress.",
+    )
+    prog.add_argument("phases", nargs="*", metavar="PHASE", help="e.g. 02 (default: every phase)")
+    prog.add_argument("--root", metavar="DIR", help="repository root (default: this repo)")
+    prog.add_argument("--no-cache", action="store_true", help="grade every lab again")
     return parser
 
 
@@ -118,6 +128,10 @@ def run(argv: list[str]) -> int:
 
         out = pathlib.Path(args.out).resolve() if args.out else None
         return book.run(_root(args.root), out=out, do_build=not args.no_build)
+    if args.command == "progress":
+        from course import progress
+
+        return progress.main(_root(args.root), args.phases, use_cache=not args.no_cache)
     if args.command == "nav":
         from course import nav
 
