@@ -9,10 +9,17 @@ a symbol::
 
 A citation is good when the file exists in ``upstream/``, the cited lines exist,
 and the last dotted part of the symbol (``get_new_blocks``) appears as a whole
-word on the cited lines widened by ``SLACK`` lines on each side. A code span with
+word on the cited lines widened by ``SLACK`` lines on each side. A bare one-word
+symbol (``logger``, ``running``, ``Python``) must also be *defined* there (``class``,
+``def``, or an upper-case constant): otherwise qualify it (``Scheduler.running``). A code span with
 a path and a line but no symbol is broken ("no symbol"). Citations inside fenced
 code blocks are not checked, and neither is a span that starts with a backtick
 (write ``` `` `path:1 Name` `` ``` to show the syntax itself).
+
+Python files of ``mini_vllm/``, ``benchmarks/`` and the phases cite the same way in
+their docstrings and comments, after the word ``upstream:``::
+
+    upstream: vllm/v1/core/block_pool.py:333 BlockPool.get_new_blocks
 
 Broken citations print as ``doc.md:LINE: path:line Symbol: why``; the command
 exits 1 when there is any, and ends with a table of citations per deep-dive.
@@ -36,6 +43,9 @@ LOOSE_RE = re.compile(rf"^([\w./-]+\.(?:{EXTENSIONS})):(\d+)(?:-(\d+))?\s+\S.*$"
 CODE_SPAN_RE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})")
 IDENT_RE = re.compile(r"^[A-Za-z_]\w*$")
+# A bare one-word symbol (``logger``, ``backend``, ``Python``, ``AI``): so common that
+# it appears near almost any line, so a stale line number would go unnoticed.
+PLAIN_WORD_RE = re.compile(r"^(?:[a-z]+|[A-Z][a-z]+|[A-Z]+)$")
 
 # Folders never scanned for markdown: the cited tree itself, environments, outputs.
 SKIP_DIRS = {"upstream", ".venv", "venv", "build", "book", "node_modules", "__pycache__"}
@@ -118,6 +128,37 @@ def find_citations(doc: pathlib.Path) -> Iterator[Citation]:
         yield Citation(doc, number, content, path, start_i, end_i, symbol, problem)
 
 
+PY_CITATION_RE = re.compile(
+    rf"""(?<![\w.])upstream:\s+([\w./-]+\.(?:{EXTENSIONS})):(\d+)(?:-(\d+))?(?:\s+([A-Za-z_][^\s,;)"'`]*))?"""
+)
+PY_DIRS = ("mini_vllm", "benchmarks")  # plus every phase-*/ folder; course/ holds examples
+
+
+def iter_python(root: pathlib.Path) -> Iterator[pathlib.Path]:
+    """The ``.py`` files whose ``upstream: path:line Symbol`` references are checked."""
+    tops = [root / d for d in PY_DIRS] + sorted(root.glob("phase-*"))
+    found: list[pathlib.Path] = []
+    for top in tops:
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
+            found.extend(pathlib.Path(dirpath, f) for f in filenames if f.endswith(".py"))
+    yield from sorted(found)
+
+
+def find_py_citations(path: pathlib.Path) -> Iterator[Citation]:
+    """``upstream: vllm/x.py:12 Name`` references in a Python file's docstrings and comments."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        for match in PY_CITATION_RE.finditer(line):
+            rel, start, end, symbol = match.groups()
+            symbol = symbol.rstrip(".:") if symbol else None
+            content = match.group(0).split(None, 1)[1]
+            problem = None if symbol else "no symbol (write `upstream: path:line Symbol`)"
+            start_i = int(start)
+            yield Citation(path, number, content, rel, start_i, int(end) if end else start_i,
+                           symbol, problem)
+
+
 class Upstream:
     """Reads cited files from ``upstream/`` once each."""
 
@@ -164,7 +205,23 @@ def verify(citation: Citation, upstream: Upstream) -> str | None:
     window = "\n".join(lines[low - 1 : high])
     if not re.search(rf"(?<!\w){re.escape(name)}(?!\w)", window):
         return f"{name} does not appear on lines {low}-{high}"
+    if PLAIN_WORD_RE.match(citation.symbol) and not _defines(window, name, citation.path):
+        return (
+            f"{citation.symbol!r} is a plain word that drift would not reveal: qualify it "
+            f"(Class.{name}) or cite the line that defines it (class, def, CONSTANT =, a heading)"
+        )
     return None
+
+
+def _defines(window: str, name: str, path: str) -> bool:
+    """Whether the lines define ``name``: a class, a function, or an upper-case constant
+    (in a markdown file: a heading that holds the word)."""
+    word = re.escape(name)
+    if path.endswith(".md"):
+        return bool(re.search(rf"^#+\s.*(?<!\w){word}(?!\w)", window, re.MULTILINE))
+    if re.search(rf"^\s*(?:async\s+def|def|class)\s+{word}\b", window, re.MULTILINE):
+        return True
+    return name.isupper() and bool(re.search(rf"^\s*{word}\s*[:=]", window, re.MULTILINE))
 
 
 @dataclass
@@ -185,7 +242,7 @@ def check(
         raise CourseError(
             f"upstream/ not found at {upstream_dir}: run `python -m course upstream` first"
         )
-    docs = sorted(files) if files is not None else list(iter_markdown(root))
+    docs = sorted(files) if files is not None else [*iter_markdown(root), *iter_python(root)]
     for doc in docs:
         if not doc.is_file():
             raise CourseError(f"no such markdown file: {doc}")
@@ -195,7 +252,8 @@ def check(
     per_deep_dive: dict[pathlib.Path, tuple[int, int]] = {}
     for doc in docs:
         count = bad = 0
-        for citation in find_citations(doc):
+        found = find_py_citations(doc) if doc.suffix == ".py" else find_citations(doc)
+        for citation in found:
             count += 1
             why = verify(citation, upstream)
             if why is not None:
@@ -224,7 +282,7 @@ def format_report(report: Report, root: pathlib.Path) -> list[str]:
             out.append(f"{_rel(doc, root):<{width}}  {count:>9}  {bad:>6}")
     out.append("")
     out.append(
-        f"{report.checked} citations in {report.files} markdown "
+        f"{report.checked} citations in {report.files} "
         f"{'file' if report.files == 1 else 'files'}; {len(report.broken)} broken"
     )
     return out

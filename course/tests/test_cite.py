@@ -159,9 +159,53 @@ def test_deep_dives_are_counted_and_upstream_markdown_is_not_scanned(tree):
         "phase-02-paged-attention/01-deep-dive.md:3: vllm/v1/core/block_pool.py:99 BlockPool: "
         "line 99 is past the end of the file (13 lines)"
     )
-    assert lines[-1] == "3 citations in 2 markdown files; 1 broken"
+    assert lines[-1] == "3 citations in 2 files; 1 broken"
 
 
 def test_missing_upstream_is_a_clear_error(tmp_path):
     with pytest.raises(CourseError, match="run `python -m course upstream`"):
         cite.check(tmp_path, tmp_path / "upstream")
+
+
+def test_a_plain_word_symbol_passes_only_where_it_is_defined(tree):
+    report = check(
+        tree,
+        """
+        defined `vllm/v1/core/block_pool.py:4 BlockPool`
+        qualified `vllm/v1/core/block_pool.py:8 BlockPool.num_gpu_blocks`
+        a word that happens to be near `vllm/v1/core/block_pool.py:12 raise`
+        a lowercase attribute `vllm/v1/core/block_pool.py:8 self`
+        """,
+    )
+    assert report.checked == 4
+    assert [(line, text.split()[-1]) for line, text, _ in broken_reasons(report)] == [
+        (3, "raise"),
+        (4, "self"),
+    ]
+    assert all("plain word" in why for *_, why in broken_reasons(report))
+
+
+def test_python_upstream_references_are_checked_like_markdown(tree):
+    root = tree(
+        {
+            **UPSTREAM,
+            "mini_vllm/pool.py": '''
+                """A pool.
+
+                upstream: vllm/v1/core/block_pool.py:10 BlockPool.get_new_blocks
+                upstream: vllm/v1/core/block_pool.py:2 BlockPool.get_new_blocks
+                """
+
+                def f():
+                    """upstream: vllm/v1/core/block_pool.py:4 BlockPool"""
+                    # upstream: vllm/v1/core/block_pool.py:11-12 (no symbol here)
+                ''',
+            "course/example.py": "# upstream: vllm/nowhere.py:1 Ignored (course/ holds examples)\n",
+        }
+    )
+    report = cite.check(root, root / "upstream")
+    assert report.checked == 4
+    assert sorted((c.line, why.split(" ")[0]) for c, why in report.broken) == [
+        (4, "get_new_blocks"),
+        (9, "no"),
+    ]
