@@ -11,7 +11,9 @@ A citation is good when the file exists in ``upstream/``, the cited lines exist,
 and the last dotted part of the symbol (``get_new_blocks``) appears as a whole
 word on the cited lines widened by ``SLACK`` lines on each side. A bare one-word
 symbol (``logger``, ``running``, ``Python``) must also be *defined* there (``class``,
-``def``, or an upper-case constant): otherwise qualify it (``Scheduler.running``). A code span with
+``def``, an upper-case constant, a markdown heading, a config key) or be rare in the
+file (at most ``RARE_WORD_MAX`` times): otherwise a stale line number would still find
+it nearby, so qualify it (``Scheduler.running``) or cite a more specific identifier. A code span with
 a path and a line but no symbol is broken ("no symbol"). Citations inside fenced
 code blocks are not checked, and neither is a span that starts with a backtick
 (write ``` `` `path:1 Name` `` ``` to show the syntax itself).
@@ -46,6 +48,7 @@ IDENT_RE = re.compile(r"^[A-Za-z_]\w*$")
 # A bare one-word symbol (``logger``, ``backend``, ``Python``, ``AI``): so common that
 # it appears near almost any line, so a stale line number would go unnoticed.
 PLAIN_WORD_RE = re.compile(r"^(?:[a-z]+|[A-Z][a-z]+|[A-Z]+)$")
+RARE_WORD_MAX = 2  # a plain word found at most this often in the whole file is specific enough
 
 # Folders never scanned for markdown: the cited tree itself, environments, outputs.
 SKIP_DIRS = {"upstream", ".venv", "venv", "build", "book", "node_modules", "__pycache__"}
@@ -205,20 +208,32 @@ def verify(citation: Citation, upstream: Upstream) -> str | None:
     window = "\n".join(lines[low - 1 : high])
     if not re.search(rf"(?<!\w){re.escape(name)}(?!\w)", window):
         return f"{name} does not appear on lines {low}-{high}"
-    if PLAIN_WORD_RE.match(citation.symbol) and not _defines(window, name, citation.path):
+    if (
+        PLAIN_WORD_RE.match(citation.symbol)
+        and not _defines(window, name, citation.path)
+        and _occurrences(lines, name) > RARE_WORD_MAX
+    ):
         return (
-            f"{citation.symbol!r} is a plain word that drift would not reveal: qualify it "
-            f"(Class.{name}) or cite the line that defines it (class, def, CONSTANT =, a heading)"
+            f"{citation.symbol!r} is a plain word found {_occurrences(lines, name)} times in the "
+            f"file, so drift would go unnoticed: qualify it (Class.{name}), cite the line that "
+            f"defines it (class, def, CONSTANT =, a heading, a key) or a rarer identifier"
         )
     return None
 
 
+def _occurrences(lines: list[str], name: str) -> int:
+    pattern = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)")
+    return sum(len(pattern.findall(line)) for line in lines)
+
+
 def _defines(window: str, name: str, path: str) -> bool:
     """Whether the lines define ``name``: a class, a function, or an upper-case constant
-    (in a markdown file: a heading that holds the word)."""
+    (in a markdown file: a heading that holds the word; in a config file: a key)."""
     word = re.escape(name)
     if path.endswith(".md"):
         return bool(re.search(rf"^#+\s.*(?<!\w){word}(?!\w)", window, re.MULTILINE))
+    if path.endswith((".toml", ".yaml", ".yml", ".json")):  # a key
+        return bool(re.search(rf"^\s*\"?{word}\"?\s*[:=]", window, re.MULTILINE))
     if re.search(rf"^\s*(?:async\s+def|def|class)\s+{word}\b", window, re.MULTILINE):
         return True
     return name.isupper() and bool(re.search(rf"^\s*{word}\s*[:=]", window, re.MULTILINE))
