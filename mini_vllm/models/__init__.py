@@ -5,12 +5,16 @@
 - ``"toy"``: ``mini_vllm.model.ToyModel`` (pseudo-logits, ignores the KV cache);
 - ``"tiny-random"``: a seeded random Llama-style model (2 layers, hidden 64,
   4 query heads sharing 2 KV heads, vocab 257 = ByteTokenizer), no files;
+- a named real model from ``hub.MODELS`` (``"smollm2"``: SmolLM2-135M-Instruct),
+  fetched once with ``python -m mini_vllm download smollm2``;
+- a ``.gguf`` file (Llama architecture), converted once to a folder beside it;
 - a local folder with ``config.json`` and ``*.safetensors`` (Llama or Qwen2);
 - a hub id (``"org/name"``), downloaded with huggingface_hub when online.
 
 Files: ``config.py`` (ModelConfig), ``attention.py`` (paged write and read),
 ``llama.py`` (the forward pass), ``loader.py`` (safetensors and name mapping),
-``torch_backend.py`` (the same model in torch, on CPU or CUDA: ``backend="torch"``).
+``torch_backend.py`` (the same model in torch, on CPU or CUDA: ``backend="torch"``),
+``gguf.py`` (GGUF -> Hugging Face folder), ``hub.py`` (named models: download, cache).
 
 upstream: vllm/model_executor/model_loader/default_loader.py:43 DefaultModelLoader
 """
@@ -62,7 +66,7 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
     on the CPU only. Extra keyword arguments are passed to ``ToyModel``.
     """
     if not isinstance(name_or_path, str) or not name_or_path:
-        raise ValueError(f"model must be 'toy', 'tiny-random', a folder or a hub id, "
+        raise ValueError(f"model must be 'toy', 'tiny-random', 'smollm2', a .gguf file, a folder or a hub id, "
                          f"got {name_or_path!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
@@ -95,4 +99,12 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
                          f"not {name_or_path!r}")
     if name_or_path == "tiny-random":
         return tiny_random(seed=seed, max_model_len=max_model_len)
+    from mini_vllm.models import hub
+
+    if name_or_path in hub.MODELS:
+        return hub.load(name_or_path, max_model_len=max_model_len)
+    if name_or_path.endswith(".gguf"):
+        from mini_vllm.models.gguf import ensure_hf_folder
+
+        return load_model(str(ensure_hf_folder(name_or_path)), max_model_len=max_model_len)
     return load_model(name_or_path, max_model_len=max_model_len)

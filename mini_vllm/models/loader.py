@@ -219,19 +219,18 @@ def to_hf_state_dict(config: ModelConfig, weights: Weights) -> dict[str, np.ndar
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray]) -> None:
     """Write float32 tensors in the safetensors layout ``read_safetensors`` parses."""
-    header, offset, blobs = {}, 0, []
+    header, offset = {}, 0
     for name, arr in tensors.items():
-        data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        size = 4 * int(np.prod(arr.shape))
         header[name] = {"dtype": "F32", "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
+                        "data_offsets": [offset, offset + size]}
+        offset += size
     head = json.dumps(header).encode()
     head += b" " * (-len(head) % 8)  # the format pads the header to 8 bytes
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head)
-        for data in blobs:
-            f.write(data)
+        for arr in tensors.values():  # one tensor at a time: no second copy of the model
+            f.write(np.ascontiguousarray(arr, dtype="<f4").data)
 
 
 def save_checkpoint(folder: str | os.PathLike, config: ModelConfig, weights: Weights) -> None:
