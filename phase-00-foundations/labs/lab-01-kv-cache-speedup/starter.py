@@ -120,29 +120,32 @@ class TinyModel:
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """y[j] = dot(w[j], x): one dot product per row of ``w`` ([out, in] layout).
+    """One dense layer without bias: ``y[j] = dot(w[j], x)``.
 
-    Recipe: turn both into float64 arrays; if ``w`` is not 2-D or ``x`` is not a
-    vector of length ``w.shape[1]``, raise ValueError (mention "shapes"); return
-    ``w @ x``. linear([1, 2, 3], [[1, 0, 1], [0, 1, 1]]) is [4, 5].
+    Inputs: ``x`` a vector ``[in]``, ``w`` a matrix ``[out, in]`` (PyTorch's layout;
+    lists are fine). Output: a float64 vector ``[out]``.
+    Errors: ``w`` not 2-D, or ``len(x) != w.shape[1]``: ValueError whose message
+    contains "shapes". Example: ``linear([1, 2, 3], [[1, 0, 1], [0, 1, 1]])`` is [4, 5].
     """
     raise NotImplementedError("linear: write it (see the docstring)")
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    """exp(x) / sum(exp(x)), computed after subtracting the max so it cannot overflow.
+    """Probabilities from a vector of scores.
 
-    Recipe: subtract ``np.max(x)`` first (exp(1000) is inf in float64, exp(0) is
-    not), exponentiate, divide by the sum.
+    Output: float64, same length, non-negative, summing to 1, order kept.
+    Must stay finite for scores around 1000 (exp(1000) overflows float64).
     """
     raise NotImplementedError("softmax: write it (see the docstring)")
 
 
 def attention_weights(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """softmax(keys @ q / sqrt(head_dim)): how much the query attends to each key.
+    """How much one query attends to each key: scaled dot products, then softmax.
 
-    ``q`` is one query vector [d]; ``keys`` is [n, d]. head_dim is ``len(q)``.
-    For the guide's example the result is about [0.40, 0.20, 0.40].
+    Inputs: ``q`` one query ``[d]``, ``keys`` ``[n, d]``. Output: ``[n]`` weights
+    summing to 1. The scores are divided by ``sqrt(d)``, the head dimension.
+    The guide's example (q = [1, 0], keys [[1, 0], [0, 1], [1, 0]]) gives about
+    [0.40, 0.20, 0.40].
     """
     raise NotImplementedError("attention_weights: write it (see the docstring)")
 
@@ -150,10 +153,11 @@ def attention_weights(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def attend(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, meter: WorkMeter | None = None
 ) -> np.ndarray:
-    """The attention output of one query: the value rows blended by the weights.
+    """The attention output of one query: the value rows blended by its weights.
 
-    Recipe: if ``meter`` is given, add ``len(keys)`` to ``meter.scores`` (one
-    query . key dot product per key); return ``attention_weights(q, keys) @ values``.
+    Inputs: ``q`` ``[d]``, ``keys`` ``[n, d]``, ``values`` ``[n, d_v]``. Output: ``[d_v]``.
+    When ``meter`` is given, ``meter.scores`` grows by ``n``: one query . key dot
+    product per key.
     """
     raise NotImplementedError("attend: write it (see the docstring)")
 
@@ -167,21 +171,18 @@ def forward(
 ) -> np.ndarray:
     """Run the new tokens ``token_ids`` (positions ``start_pos``...) through the model.
 
-    ``cache`` must already hold exactly ``start_pos`` positions. Every layer computes
-    K/V for the new rows only, appends them, and lets each new row attend to every
-    cached position up to and including its own. Returns the logits of the last
-    new token.
-
-    Recipe:
-      1. Reject an empty ``token_ids`` and a cache whose ``len`` is not ``start_pos``
-         (ValueError).
-      2. xs = [model.embed(t, start_pos + i) for each new token].
-      3. For each layer, for each row i: q, k, v = model.qkv(layer, xs[i], meter);
-         cache.append(layer, k, v); keys, values = cache.get(layer) (that is
-         positions 0 .. start_pos + i: the causal mask for free);
-         xs[i] = model.mix(layer, xs[i], attend(q, keys, values, meter)).
-      4. Return model.logits(xs[-1]).
-    Work row by row (no batched matmul) so both loops do bit-identical arithmetic.
+    Contract:
+      * ``cache`` holds exactly ``start_pos`` positions on entry and
+        ``start_pos + len(token_ids)`` on return: every layer appends the K/V of
+        each new row once (``model.qkv`` counts one K/V row in ``meter`` each time).
+      * Causality: the new row at position ``start_pos + i`` attends to positions
+        ``0 .. start_pos + i`` only, in every layer, never to a later row of the
+        same call.
+      * Returns the logits ``[vocab]`` of the last new token.
+      * Feeding a prompt in one call or in several chunks on one cache gives
+        bit-identical logits: work one row at a time, no batched matmul.
+    Errors (before anything is appended): an empty ``token_ids``, or a cache whose
+    length is not ``start_pos``, is a ValueError (naming token_ids / start_pos).
     """
     raise NotImplementedError("forward: write it (see the docstring)")
 
@@ -201,12 +202,12 @@ def _check_generation_args(model: TinyModel, prompt: list[int], n_new: int) -> N
 def generate_no_cache(
     model: TinyModel, prompt: list[int], n_new: int
 ) -> tuple[list[int], WorkMeter]:
-    """Greedy generation that recomputes every position at every step.
+    """Greedy generation that remembers nothing between steps.
 
-    Recipe: _check_generation_args(...); meter = WorkMeter(); tokens = list(prompt).
-    Repeat n_new times: a fresh ``model.new_cache(len(tokens))``, logits =
-    forward(model, tokens, 0, cache, meter), append int(np.argmax(logits)).
-    Return (tokens, meter).
+    Returns ``(tokens, meter)``: ``tokens`` is the prompt followed by ``n_new``
+    generated ids (each the argmax of the logits), and ``meter`` holds the work of
+    the whole run. Every step pushes the entire sequence so far through a fresh
+    cache. Errors: those of ``_check_generation_args``.
     """
     raise NotImplementedError("generate_no_cache: write it (see the docstring)")
 
@@ -214,31 +215,31 @@ def generate_no_cache(
 def generate_with_cache(
     model: TinyModel, prompt: list[int], n_new: int
 ) -> tuple[list[int], WorkMeter]:
-    """Greedy generation: prefill the prompt once, then feed one new token per step.
+    """Greedy generation on one KV cache: the same tokens as ``generate_no_cache``.
 
-    Recipe: _check_generation_args(...); one cache of capacity len(prompt) + n_new.
-    Prefill: forward(model, prompt, 0, cache, meter), append the argmax. Then,
-    until you have n_new new tokens: forward(model, [tokens[-1]], len(tokens) - 1,
-    cache, meter) and append the argmax. The last token you append is never fed
-    back. Return (tokens, meter).
+    Returns ``(tokens, meter)`` like ``generate_no_cache``. The prompt goes through
+    the model once (the prefill); after that each step feeds only the newest
+    token (a decode). The last generated token is returned but never fed back, so
+    one layer computes ``P + n_new - 1`` K/V rows in all.
+    Errors: those of ``_check_generation_args``.
     """
     raise NotImplementedError("generate_with_cache: write it (see the docstring)")
 
 
 def kv_rows_no_cache(prompt_len: int, n_new: int) -> int:
-    """Token rows pushed through one layer without a cache: P + (P+1) + ... + (P+n-1).
+    """K/V rows one layer computes without a cache: P + (P+1) + ... + (P+n-1).
 
-    Raise ValueError if prompt_len or n_new is below 1. Closed form, no loop:
-    n*P + n*(n-1)/2 (an integer). For P=5, n=10 it is 95.
+    Closed form, no loop; returns an exact ``int`` (5, 10 -> 95).
+    Errors: ``prompt_len < 1`` or ``n_new < 1`` is a ValueError naming them.
     """
     raise NotImplementedError("kv_rows_no_cache: write it (see the docstring)")
 
 
 def kv_rows_with_cache(prompt_len: int, n_new: int) -> int:
-    """Token rows pushed through one layer with a cache: P for the prefill, 1 per decode.
+    """K/V rows one layer computes with a cache: P for the prefill, then one per decode.
 
-    Raise ValueError if prompt_len or n_new is below 1. The last generated token is
-    never fed back, so there are n-1 decode rows. For P=5, n=10 it is 14.
+    Returns an ``int`` (5, 10 -> 14: the last token is never fed back).
+    Errors: ``prompt_len < 1`` or ``n_new < 1`` is a ValueError naming them.
     """
     raise NotImplementedError("kv_rows_with_cache: write it (see the docstring)")
 

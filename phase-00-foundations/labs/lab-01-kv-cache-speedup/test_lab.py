@@ -62,7 +62,7 @@ def test_attend_counts_one_score_per_key():
     assert meter.scores == 3
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     prompt=st.lists(st.integers(0, 47), min_size=1, max_size=8),
     n_new=st.integers(1, 10),
@@ -132,7 +132,7 @@ def test_cached_work_is_linear_and_skips_the_last_token():
     assert meter.kv_rows == model.n_layers * 14
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20, deadline=None, derandomize=True)
 @given(p=st.integers(1, 6), n=st.integers(1, 8))
 def test_measured_rows_match_both_formulas(p, n):
     model = impl.TinyModel(seed=2)
@@ -179,8 +179,39 @@ def test_bad_arguments_are_rejected():
         impl.generate_with_cache(model, [1], 0)
     with pytest.raises(ValueError, match="prompt"):
         impl.generate_no_cache(model, [], 3)
-    with pytest.raises(ValueError, match="n_new"):
-        impl.kv_rows_with_cache(3, 0)
+
+
+@pytest.mark.parametrize("formula", ["kv_rows_no_cache", "kv_rows_with_cache"])
+@pytest.mark.parametrize(("prompt_len", "n_new"), [(0, 5), (5, 0), (0, 0), (-1, 3), (3, -2)])
+def test_row_formulas_reject_a_count_below_one(formula, prompt_len, n_new):
+    with pytest.raises(ValueError, match="prompt_len|n_new"):
+        getattr(impl, formula)(prompt_len, n_new)
+
+
+def test_row_formulas_accept_the_smallest_case_and_return_exact_integers():
+    # one prompt token, one new token: one row either way
+    assert impl.kv_rows_no_cache(1, 1) == 1 and impl.kv_rows_with_cache(1, 1) == 1
+    for p, n in ((1, 1), (5, 10), (7, 4), (3, 1_000_001)):
+        for value in (impl.kv_rows_no_cache(p, n), impl.kv_rows_with_cache(p, n)):
+            assert type(value) is int  # a count of rows, not a float that looks like one
+    # exact where a float would round: n(n-1)/2 above 2**53
+    n = 2**27 + 1
+    assert impl.kv_rows_no_cache(1, n) == n + n * (n - 1) // 2
+
+
+def test_forward_rejects_no_tokens_and_a_cache_out_of_step_with_start_pos():
+    model = impl.TinyModel()
+    meter = impl.WorkMeter()
+    with pytest.raises(ValueError, match="token_ids"):
+        impl.forward(model, [], 0, model.new_cache(4), meter)
+    cache = model.new_cache(8)
+    impl.forward(model, [1, 2, 3], 0, cache, meter)
+    for wrong in (0, 2, 4):  # the cache holds 3 positions
+        with pytest.raises(ValueError, match="start_pos"):
+            impl.forward(model, [4], wrong, cache, meter)
+    assert len(cache) == 3  # a rejected call appends nothing
+    impl.forward(model, [4], 3, cache, meter)
+    assert len(cache) == 4
 
 
 def test_mini_vllm_request_counters_follow_the_cached_formula():

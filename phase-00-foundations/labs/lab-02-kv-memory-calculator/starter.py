@@ -46,20 +46,21 @@ def _positive(name: str, value: float) -> None:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: float) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x bytes per element.
+    """Bytes of KV cache one token occupies, summed over all layers.
 
-    Recipe: raise ValueError naming the parameter if any argument is not > 0
-    (``_positive`` does that for you). Return the product as an int. Use the KV
-    heads, not the query heads: under GQA several query heads share one KV head.
-    Llama-3.1-8B in bf16 gives 131,072.
+    Both K and V are stored, for every layer and every KV head (under GQA several
+    query heads share one KV head, so only the KV heads count). Returns an ``int``;
+    ``dtype_bytes`` may be fractional (0.5 for a 4-bit cache) and the product is
+    truncated only at the end. Llama-3.1-8B in bf16: 131,072.
+    Errors: any argument not > 0 is a ValueError naming it.
     """
     raise NotImplementedError("kv_bytes_per_token: your turn (see the docstring)")
 
 
 def kv_bytes_per_seq(bytes_per_token: int, seq_len: int) -> int:
-    """The KV cache of one sequence of ``seq_len`` tokens.
+    """Bytes of KV cache one sequence of ``seq_len`` tokens occupies.
 
-    Recipe: both arguments must be > 0 (``_positive``); return their product.
+    Errors: either argument not > 0 is a ValueError naming it.
     """
     raise NotImplementedError("kv_bytes_per_seq: your turn (see the docstring)")
 
@@ -67,22 +68,20 @@ def kv_bytes_per_seq(bytes_per_token: int, seq_len: int) -> int:
 def num_params(cfg: ModelConfig) -> int:
     """Parameter count of a Llama-style model, from its config alone.
 
-    Recipe, with h = hidden_size:
-      attention per layer: Q and O are h x (q_heads*head_dim) each, K and V are
-        h x (kv_heads*head_dim) each;
-      MLP per layer: three h x intermediate_size matrices (gate, up, down);
-      norms per layer: two vectors of h;
-      once: the embedding (vocab x h), the LM head (vocab x h unless
-        ``tie_word_embeddings``) and the final norm (h).
-    Llama-3.1-8B gives 8,030,261,248.
+    Counts, per layer, the four attention projections (Q and O sized by the
+    query heads, K and V by the KV heads), the three MLP matrices and the two
+    norm vectors; once, the embedding table, the LM head (absent when
+    ``tie_word_embeddings``: it reuses the embedding) and the final norm.
+    No biases. Llama-3.1-8B gives 8,030,261,248.
     """
     raise NotImplementedError("num_params: your turn (see the docstring)")
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: float) -> int:
-    """Bytes of weights at ``dtype_bytes`` per parameter (2 for bf16, 1 for fp8).
+    """Bytes of weights at ``dtype_bytes`` per parameter (2 for bf16, 1 for fp8, 0.5 for int4).
 
-    Recipe: ``dtype_bytes`` must be > 0; return int(num_params(cfg) * dtype_bytes).
+    Returns an ``int``, truncated only after multiplying.
+    Errors: ``dtype_bytes`` not > 0 is a ValueError naming it.
     """
     raise NotImplementedError("weight_bytes: your turn (see the docstring)")
 
@@ -95,40 +94,42 @@ def max_concurrent_seqs(
 ) -> int:
     """Whole sequences of ``seq_bytes`` that fit in what the weights leave free.
 
-    Recipe: validate (gpu_bytes > 0, seq_bytes > 0, weights >= 0,
-    0 < gpu_memory_utilization <= 1, each with a ValueError naming it);
-    free = int(gpu_bytes * gpu_memory_utilization) - weights; return
-    max(0, free // seq_bytes). Integer division: nobody serves 0.7 of a sequence.
+    The engine may use ``gpu_memory_utilization`` of the card; the weights come
+    off that budget first; what remains holds whole sequences only (an ``int``,
+    rounded down). Weights that do not fit the budget give 0, never a negative count.
+    Errors (ValueError naming the parameter): ``gpu_bytes`` or ``seq_bytes`` not
+    > 0, ``weights`` < 0, ``gpu_memory_utilization`` outside (0, 1].
     """
     raise NotImplementedError("max_concurrent_seqs: your turn (see the docstring)")
 
 
 def num_kv_blocks(kv_budget_bytes: int, bytes_per_token: int, block_size: int) -> int:
-    """How many blocks of ``block_size`` token slots fit in ``kv_budget_bytes``.
+    """Whole blocks of ``block_size`` token slots that fit in ``kv_budget_bytes``.
 
-    Recipe: bytes_per_token and block_size > 0, kv_budget_bytes >= 0; one block
-    holds block_size tokens, so return kv_budget_bytes // (bytes_per_token * block_size).
+    Returns an ``int`` (a partial block is no block).
+    Errors (ValueError naming the parameter): ``bytes_per_token`` or
+    ``block_size`` not > 0, ``kv_budget_bytes`` < 0.
     """
     raise NotImplementedError("num_kv_blocks: your turn (see the docstring)")
 
 
 def max_concurrency(num_blocks: int, block_size: int, max_model_len: int) -> float:
-    """vLLM's figure: blocks in the pool / blocks one max-length request needs.
+    """vLLM's "Maximum concurrency" figure: pool blocks / blocks one max-length request needs.
 
-    Recipe: block_size and max_model_len > 0, num_blocks >= 0. A request of
-    max_model_len tokens needs ceil(max_model_len / block_size) blocks (integer
-    ceiling: -(-a // b)). Return num_blocks divided by that, as a float: 8788
-    blocks of 16 for 2,048 tokens gives 68.65625.
+    A request of ``max_model_len`` tokens occupies whole blocks, so a partly
+    filled last block counts as a block. Returns a float: 8788 blocks of 16 for
+    2,048 tokens gives 68.65625.
+    Errors (ValueError naming the parameter): ``block_size`` or ``max_model_len``
+    not > 0, ``num_blocks`` < 0.
     """
     raise NotImplementedError("max_concurrency: your turn (see the docstring)")
 
 
 def concurrency_log_line(max_model_len: int, concurrency: float) -> str:
-    """The startup line vLLM prints, with its exact format ("%s tokens", "%.2fx").
+    """The startup line vLLM prints, in its exact format.
 
-    Recipe: the token count is formatted with thousands separators ("2,048"), the
-    concurrency with two decimals and an "x":
-    "Maximum concurrency for 2,048 tokens per request: 68.66x".
+    The token count with thousands separators, the concurrency with two decimals
+    and an "x": "Maximum concurrency for 2,048 tokens per request: 68.66x".
     """
     raise NotImplementedError("concurrency_log_line: your turn (see the docstring)")
 

@@ -156,6 +156,99 @@ def test_bad_input_names_the_parameter(call, name):
         call()
 
 
+# Every argument check the README promises, at its boundary: (function, valid keyword
+# arguments, parameter, smallest rejected value, smallest accepted value).
+VALID = {
+    "kv_bytes_per_token": dict(num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2),
+    "kv_bytes_per_seq": dict(bytes_per_token=131072, seq_len=2048),
+    "max_concurrent_seqs": dict(gpu_bytes=24 * GiB, weights=16 * GiB, seq_bytes=256 * MiB),
+    "num_kv_blocks": dict(kv_budget_bytes=8 * GiB, bytes_per_token=131072, block_size=16),
+    "max_concurrency": dict(num_blocks=8788, block_size=16, max_model_len=2048),
+}
+BOUNDARIES = [
+    ("kv_bytes_per_token", "num_layers", 0, 1),
+    ("kv_bytes_per_token", "num_kv_heads", 0, 1),
+    ("kv_bytes_per_token", "head_dim", 0, 1),
+    ("kv_bytes_per_token", "dtype_bytes", 0, 0.5),
+    ("kv_bytes_per_seq", "bytes_per_token", 0, 1),
+    ("kv_bytes_per_seq", "seq_len", 0, 1),
+    ("max_concurrent_seqs", "gpu_bytes", 0, 1),
+    ("max_concurrent_seqs", "seq_bytes", 0, 1),
+    ("max_concurrent_seqs", "weights", -1, 0),
+    ("max_concurrent_seqs", "gpu_memory_utilization", 0, 1.0),
+    ("max_concurrent_seqs", "gpu_memory_utilization", 1.01, 0.01),
+    ("num_kv_blocks", "kv_budget_bytes", -1, 0),
+    ("num_kv_blocks", "bytes_per_token", 0, 1),
+    ("num_kv_blocks", "block_size", 0, 1),
+    ("max_concurrency", "num_blocks", -1, 0),
+    ("max_concurrency", "block_size", 0, 1),
+    ("max_concurrency", "max_model_len", 0, 1),
+]
+
+
+@pytest.mark.parametrize(("function", "param", "rejected", "accepted"), BOUNDARIES)
+def test_every_argument_check_sits_exactly_at_its_boundary(function, param, rejected, accepted):
+    fn = getattr(impl, function)
+    fn(**{**VALID[function], param: accepted})  # the edge of the allowed range is allowed
+    for bad in (rejected, rejected - 1 if rejected <= 0 else rejected + 1):
+        with pytest.raises(ValueError, match=param):
+            fn(**{**VALID[function], param: bad})
+
+
+def test_weight_bytes_rejects_a_dtype_without_bytes():
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="dtype_bytes"):
+            impl.weight_bytes(L8, bad)
+
+
+def test_tied_embeddings_drop_the_lm_head_from_the_count():
+    import dataclasses
+
+    tied = dataclasses.replace(L8, tie_word_embeddings=True)
+    assert impl.num_params(L8) - impl.num_params(tied) == L8.vocab_size * L8.hidden_size
+    # a toy config small enough to count by hand: 1 layer, h=4, 2 query heads and
+    # 1 KV head of dim 2, MLP 8, vocab 10
+    toy = impl.ModelConfig("toy", 1, 4, 2, 1, 2, 8, 10, tie_word_embeddings=True)
+    # q 4x4 + k,v 4x2 each + o 4x4 + mlp 3x4x8 + 2 norms of 4; embedding 10x4; final norm 4
+    assert impl.num_params(toy) == (16 + 16 + 16 + 96 + 8) + 40 + 4
+    assert impl.num_params(dataclasses.replace(toy, tie_word_embeddings=False)) == 152 + 40 + 40 + 4
+
+
+def test_sub_byte_dtypes_count_fractional_bytes_before_rounding():
+    # 4-bit weights and a 4-bit KV cache: half a byte per element, not zero
+    assert impl.weight_bytes(L8, 0.5) == 4_015_130_624
+    assert impl.kv_bytes_per_token(32, 8, 128, 0.5) == 32 * KiB
+
+
+def test_block_counts_are_whole_blocks_rounded_down():
+    per_tok = per_token(L8)
+    for budget, blocks in ((8 * GiB, 4096), (8 * GiB + 1, 4096), (8 * GiB - 1, 4095), (0, 0)):
+        got = impl.num_kv_blocks(budget, per_tok, block_size=16)
+        assert got == blocks and type(got) is int
+    seqs = impl.max_concurrent_seqs(24 * GiB, 16 * GiB - 1, 256 * MiB)
+    assert seqs == 32 and type(seqs) is int  # one spare byte buys no 33rd sequence
+
+
+def test_utilization_caps_the_card_before_the_weights_come_off():
+    # 10 GiB card at 0.5: a 5 GiB budget, 4 GiB of weights, 1 GiB left: 4 sequences of 256 MiB
+    # (taking 0.5 of what the weights leave would give 12)
+    assert impl.max_concurrent_seqs(10 * GiB, 4 * GiB, 256 * MiB, gpu_memory_utilization=0.5) == 4
+    # weights larger than the budget but smaller than the card: still zero, never negative
+    assert impl.max_concurrent_seqs(10 * GiB, 6 * GiB, 256 * MiB, gpu_memory_utilization=0.5) == 0
+
+
+def test_concurrency_log_line_format():
+    assert impl.concurrency_log_line(131072, 1.005) == (
+        "Maximum concurrency for 131,072 tokens per request: 1.00x"  # 1.005 is stored as 1.00499...
+    )
+    assert impl.concurrency_log_line(512, 0.125) == (
+        "Maximum concurrency for 512 tokens per request: 0.12x"  # an exact tie rounds to even
+    )
+    assert impl.concurrency_log_line(1_000_000, 3.0) == (
+        "Maximum concurrency for 1,000,000 tokens per request: 3.00x"
+    )
+
+
 def test_formula_matches_what_mini_vllm_allocates():
     # mini_vllm's tiny-random model: 2 layers, 2 KV heads, head_dim 16, float32 cache
     from mini_vllm.models import get_model

@@ -35,31 +35,36 @@ def _as_row(logits: np.ndarray) -> np.ndarray:
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Probabilities from logits; subtracting the max first keeps exp() finite.
+    """Probabilities of one row of logits.
 
-    Recipe: row = _as_row(logits) (it raises the ValueError for a bad shape);
-    e = exp(row - row.max()); return e / e.sum(). -inf logits become 0.
+    Input: ``logits``, one non-empty row ``[vocab]`` (a list or an array; anything
+    else is a ValueError naming logits, which ``_as_row`` raises for you).
+    Output: a float64 array of the same length, every entry in [0, 1], summing to 1;
+    the order of the logits is kept and a -inf logit gets probability 0.
+    Must stay finite for logits in the thousands (``[1000, 1001, 1002]`` equals
+    the softmax of ``[0, 1, 2]``). Never modifies its input.
     """
     raise NotImplementedError("softmax: your turn (see the docstring)")
 
 
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """Divide by the temperature: below 1 sharpens, above 1 flattens.
+    """Logits rescaled by ``temperature``: below 1 sharpens, above 1 flattens.
 
-    Recipe: temperature must be > 0 here (ValueError naming temperature; the
-    greedy case never reaches this function); return _as_row(logits) / temperature.
+    Output: a new float64 row, ``logits / temperature`` element by element.
+    Errors: ``temperature <= 0`` is a ValueError naming temperature (greedy, the
+    ``temperature == 0`` case, is handled by ``sample`` and never gets here).
     """
     raise NotImplementedError("apply_temperature: your turn (see the docstring)")
 
 
 def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    """Set every logit below the k-th largest to -inf (ties with it survive).
+    """Keep the ``k`` largest logits; every other one becomes -inf.
 
-    ``k`` of 0 or -1 disables the filter, as does a k at least the vocabulary size.
-
-    Recipe: k < -1 -> ValueError naming top_k. Disabled -> return a copy. Else
-    find the k-th largest value in O(vocab) with np.partition(row, n - k)[n - k]
-    and return np.where(row < kth, -np.inf, row).
+    A logit tied with the k-th largest survives too, so more than ``k`` may
+    remain. ``k`` of 0 or -1 disables the filter, and so does any ``k`` at least
+    the vocabulary size: the result is then an unchanged copy.
+    Errors: ``k < -1`` is a ValueError naming top_k. Returns a new array; the
+    caller's logits are never modified.
     """
     raise NotImplementedError("apply_top_k: your turn (see the docstring)")
 
@@ -67,14 +72,13 @@ def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
 def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
     """Keep the smallest set of most likely tokens whose probability reaches ``p``.
 
-    Sorted from least to most likely, a token is dropped when the mass at or below
-    it is <= 1 - p; the most likely token is never dropped. The token whose
-    probability crosses ``p`` is therefore kept (p=0.5 over [0.4, 0.4, 0.2] keeps two).
-
-    Recipe: p outside (0, 1] -> ValueError naming top_p; p == 1 -> a copy.
-    order = np.argsort(row, kind="stable") (ascending); cumulative =
-    np.cumsum(softmax(row)[order]); drop = cumulative <= 1 - p; drop[-1] = False;
-    set row[order[drop]] to -inf in a copy.
+    Tokens are taken from most to least likely (among equal logits the higher id
+    counts as more likely, as in mini_vllm's stable ascending sort) until their
+    mass reaches ``p``; the token that crosses ``p`` is kept, the rest become -inf.
+    So p = 0.5 over probabilities [0.4, 0.4, 0.2] keeps two tokens, and four equal
+    tokens with p = 0.75 keep three. The most likely token always survives,
+    whatever rounding does to the running sum. ``p == 1`` returns an unchanged copy.
+    Errors: ``p`` outside (0, 1] is a ValueError naming top_p. Returns a new array.
     """
     raise NotImplementedError("apply_top_p: your turn (see the docstring)")
 
@@ -83,13 +87,11 @@ def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
     """Set to -inf every logit whose probability is below ``min_p`` x the largest.
 
     The probabilities are the softmax of ``logits`` as given (already divided by
-    the temperature). The most likely token always survives, so min-p never
-    changes a greedy pick. Renormalising is left to the final softmax.
-
-    Recipe: row = _as_row(logits); min_p outside [0, 1] -> ValueError naming
-    min_p; 0 -> a copy. Else probs = softmax(row) and return
-    np.where(probs < min_p * probs.max(), -np.inf, row) (strictly below: a
-    token exactly at the threshold stays).
+    the temperature). A probability exactly at the threshold stays, so the most
+    likely token (and any token tied with it) always survives and min-p never
+    changes a greedy pick. Survivors keep their logits; renormalising is left to
+    the final softmax. ``min_p == 0`` returns an unchanged copy.
+    Errors: ``min_p`` outside [0, 1] is a ValueError naming min_p. Returns a new array.
     """
     raise NotImplementedError("apply_min_p: your turn (see the docstring)")
 
@@ -97,11 +99,12 @@ def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
 def filtered_probs(
     logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
 ) -> np.ndarray:
-    """The distribution a non-greedy draw uses, after every filter, in pipeline order.
+    """The distribution a non-greedy draw uses, after every filter.
 
-    Recipe: temperature, then min-p, then top-k, then top-p (all four on
-    logits), then softmax. This order is mini_vllm's and vLLM's: top-p must
-    measure mass after min-p has cut the tail.
+    Output: probabilities over the whole vocabulary (0 for filtered tokens),
+    summing to 1. The filters run in vLLM's order: temperature, min-p, top-k,
+    top-p, then softmax; the order matters (the README shows an example where
+    another order keeps a token this one drops). Errors: as the filters raise them.
     """
     raise NotImplementedError("filtered_probs: your turn (see the docstring)")
 
@@ -114,14 +117,15 @@ def sample(
     min_p: float = 0.0,
     generator: np.random.Generator | None = None,
 ) -> int:
-    """One token id. Greedy (argmax, lowest id on ties) when ``temperature == 0``.
+    """One token id drawn from ``logits``.
 
-    Recipe:
-      1. row = _as_row(logits); temperature < 0 -> ValueError naming temperature.
-      2. temperature == 0: return int(np.argmax(row)) and touch no generator.
-      3. probs = filtered_probs(...); rng = generator or np.random.default_rng().
-      4. return int(rng.choice(len(probs), p=probs)): exactly one draw, the way
-         mini_vllm's Sampler draws, so equal seeds give equal tokens.
+    ``temperature == 0`` is greedy: the argmax (the lowest id on ties), and the
+    generator is not touched at all. Otherwise the draw uses ``filtered_probs``
+    and consumes ``generator`` exactly as mini_vllm's ``Sampler`` does (one
+    ``choice`` over the vocabulary), so equal seeds give equal tokens in both.
+    Without a generator a fresh unseeded one is used.
+    Errors: a negative temperature, or any argument a filter rejects, is a
+    ValueError naming it.
     """
     raise NotImplementedError("sample: your turn (see the docstring)")
 

@@ -134,6 +134,64 @@ def test_bad_input_names_the_parameter(call, name):
         call()
 
 
+# A valid call of every function; each parameter the README says must be > 0 is then
+# set to 0 and to a negative value (rejected, naming it) and to a tiny positive value
+# (accepted).
+VALID_CALLS = {
+    "ridge_point": dict(peak_flops=312e12, bandwidth=2e12),
+    "arithmetic_intensity": dict(num_params=8e9, num_tokens=1, dtype_bytes=2),
+    "attainable_flops": dict(intensity=1.0, peak_flops=312e12, bandwidth=2e12),
+    "is_compute_bound": dict(intensity=1.0, ridge=156.0),
+    "compute_utilization": dict(intensity=1.0, ridge=156.0),
+    "critical_batch_size": dict(ridge=156.0, dtype_bytes=2),
+    "step_time": dict(num_params=8e9, num_tokens=1, dtype_bytes=2, peak_flops=312e12,
+                      bandwidth=2e12),
+    "decode_tokens_per_second": dict(num_params=8e9, batch=1, dtype_bytes=2, peak_flops=312e12,
+                                     bandwidth=2e12),
+    "sequences_in_flight": dict(tokens_per_second=1000.0, itl_seconds=0.05),
+    "kv_crossover_context": dict(weight_bytes=16e9, batch=64, kv_bytes_per_token=131072),
+}
+CHECKED = [
+    (fn, param) for fn, kwargs in VALID_CALLS.items() for param in kwargs
+    if (fn, param) not in {("attainable_flops", "peak_flops"), ("attainable_flops", "bandwidth"),
+                           ("is_compute_bound", "intensity"), ("compute_utilization", "intensity")}
+]
+
+
+@pytest.mark.parametrize(("function", "param"), CHECKED, ids=[f"{f}-{p}" for f, p in CHECKED])
+def test_every_positive_parameter_is_checked(function, param):
+    fn = getattr(impl, function)
+    kwargs = VALID_CALLS[function]
+    assert fn(**{**kwargs, param: 1e-3 if param != "num_tokens" and param != "batch" else 1}) > 0
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=param):
+            fn(**{**kwargs, param: bad})
+
+
+def test_fractional_results_are_not_rounded():
+    # 3 tokens of fp32 weights: 1.5 FLOPs per byte, not 1
+    assert impl.arithmetic_intensity(8e9, 3, 4) == 1.5
+    assert impl.kv_crossover_context(16e9, 64, 131_072) == 1907.3486328125
+    assert impl.compute_utilization(1.0, 156.0) == 1 / 156
+    assert impl.sequences_in_flight(30.0, 0.05) == pytest.approx(1.5)
+    assert impl.critical_batch_size(156.0, 0.5) == 39 and impl.critical_batch_size(157.0, 0.5) == 40
+
+
+def test_the_two_sides_of_the_ridge():
+    ridge = impl.ridge_point(*A100)
+    assert impl.is_compute_bound(ridge, ridge)  # exactly at the ridge: compute-bound
+    assert not impl.is_compute_bound(ridge - 1e-9, ridge)
+    assert impl.compute_utilization(ridge, ridge) == 1.0
+    assert impl.compute_utilization(4 * ridge, ridge) == 1.0  # capped, never above peak
+    peak, bw = A100
+    assert impl.attainable_flops(155.0, peak, bw) == 155.0 * bw  # below: bandwidth-limited
+    assert impl.attainable_flops(1e6, peak, bw) == peak
+    # step time is the slower of the two, not their sum: at the ridge they are equal
+    at_ridge = impl.step_time(N8, 156, 2, *A100)
+    assert at_ridge == pytest.approx(N8 * 2 / impl.A100_BANDWIDTH)
+    assert impl.step_time(N8, 157, 2, *A100) == pytest.approx(2 * N8 * 157 / impl.A100_PEAK_FLOPS)
+
+
 def test_exercise_70b_on_eight_a100s():
     # EXERCISES.md: Llama-3.1-70B split evenly over 8 GPUs (communication ignored)
     per_gpu = 70_553_706_496 / 8

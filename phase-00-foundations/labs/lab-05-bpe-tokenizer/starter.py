@@ -47,89 +47,87 @@ def load_corpus() -> str:
 
 
 def get_pair_counts(words: dict[tuple[int, ...], int]) -> dict[tuple[int, int], int]:
-    """Count every adjacent pair (overlapping windows) in every word, times its frequency.
+    """How often each adjacent pair of ids occurs, weighted by word frequency.
 
-    ``words`` maps a word (a tuple of ids) to how often it occurs. For each word,
-    every window (w[i], w[i+1]) adds ``freq`` to that pair's count
-    (itertools.pairwise yields the windows): "aaa" holds the pair (a, a) twice.
-    Return a plain dict {pair: count}.
+    ``words`` maps a word (a tuple of ids) to how often it occurs. Every window of
+    two neighbouring ids counts, overlapping ones included ("aaa" holds (a, a)
+    twice), and each occurrence adds the word's frequency. Returns a plain dict
+    {pair: count} holding only pairs that occur.
     """
     raise NotImplementedError("get_pair_counts: your turn (see the docstring)")
 
 
 def merge_pair(ids: tuple[int, ...] | list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Replace each occurrence of ``pair``, scanning left to right without overlap.
+    """``ids`` with every occurrence of ``pair`` replaced by ``new_id``.
 
-    Walk i from 0: if ids[i], ids[i+1] equal the pair, emit ``new_id`` and jump by
-    two; otherwise emit ids[i] and step by one. Return a new list.
-    merge_pair(b"aaab", (97, 97), 256) is [256, 97, 98].
+    Occurrences are found left to right and never overlap: once two ids are
+    merged, neither can be part of another match. Returns a new list; the input is
+    not modified. merge_pair(b"aaab", (97, 97), 256) is [256, 97, 98].
     """
     raise NotImplementedError("merge_pair: your turn (see the docstring)")
 
 
 def train_bpe(text: str, vocab_size: int) -> list[tuple[int, int]]:
-    """Learn ``vocab_size - 256`` merges (fewer if the text runs out of pairs).
+    """Learn ``vocab_size - 256`` merges from ``text`` (fewer if it runs out of pairs).
 
-    Merge ``i`` creates id ``256 + i``. Each round picks the pair with the highest
-    count, breaking ties by the smallest pair.
-
-    Recipe:
-      1. vocab_size below 256 -> ValueError naming vocab_size.
-      2. words = {tuple(piece.encode("utf-8")): count} over pretokenize(text).
-      3. For new_id in 256 .. vocab_size-1: counts = get_pair_counts(words); stop if
-         empty; best = min(counts, key=lambda p: (-counts[p], p)); record it;
-         rebuild words with merge_pair(word, best, new_id) (equal results add up).
-      4. Return the list of merged pairs, in order.
+    Contract:
+      * Merge ``i`` creates id ``256 + i``; the result is the list of merged pairs,
+        in the order learned.
+      * Each round merges the most frequent adjacent pair; ties go to the
+        smallest pair (as tuples), the rule of the Hugging Face trainer.
+      * Pairs are counted inside pre-tokens only (``pretokenize``), so no merge
+        crosses a word, digit or punctuation boundary.
+      * Deterministic: a smaller vocabulary's merges are a prefix of a larger one's.
+    Errors: ``vocab_size`` below 256 (the byte alphabet) is a ValueError naming it.
     """
     raise NotImplementedError("train_bpe: your turn (see the docstring)")
 
 
 def vocab_bytes(merges: list[tuple[int, int]]) -> list[bytes]:
-    """The byte string every id stands for: ids 0..255 are single bytes.
+    """The byte string every id stands for, as a list indexed by id.
 
-    Start from [bytes([b]) for b in range(256)]; for each merge (a, b) append
-    table[a] + table[b]. Merged ids only ever refer to smaller ids, so one pass works.
+    Ids 0..255 are the single bytes; merge ``i`` stands for its two parts joined,
+    in order. Length: 256 + len(merges).
     """
     raise NotImplementedError("vocab_bytes: your turn (see the docstring)")
 
 
 def encode(text: str, merges: list[tuple[int, int]]) -> list[int]:
-    """Token ids of ``text``: each pre-token's bytes, merged lowest rank first.
+    """Token ids of ``text`` under ``merges``.
 
-    Recipe: rank = {pair: index in merges}. For each piece in pretokenize(text):
-    word = list(piece.encode("utf-8")); while it has two or more ids, find the
-    adjacent pair with the lowest rank (pairs not in ``rank`` never win); if none
-    is mergeable stop, else word = merge_pair(word, pair, 256 + rank[pair]).
-    Concatenate the words.
+    Each pre-token is encoded separately, starting from its UTF-8 bytes; the
+    learned merges are applied by rank (earliest learned first, not leftmost
+    first) until no adjacent pair of the pre-token is a learned merge. With no
+    merges the result is the UTF-8 bytes. Every id maps back to its bytes, so
+    decoding gives ``text`` back exactly.
     """
     raise NotImplementedError("encode: your turn (see the docstring)")
 
 
 def decode(ids: list[int], merges: list[tuple[int, int]]) -> str:
-    """The text of ``ids``; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD.
+    """The text of ``ids``.
 
-    Recipe: table = vocab_bytes(merges); an id outside ``range(len(table))``,
-    negative ones included (Python would quietly index from the end), ->
-    ValueError whose message contains "token id"; join the byte strings and
-    decode as UTF-8 with errors="replace".
+    The ids' byte strings are joined and read as UTF-8; an invalid sequence (a
+    multi-byte character cut in two) becomes U+FFFD rather than an error.
+    Errors: an id outside ``0 .. 255 + len(merges)``, negative ones included, is a
+    ValueError whose message contains "token id".
     """
     raise NotImplementedError("decode: your turn (see the docstring)")
 
 
 def compression_ratio(text: str, merges: list[tuple[int, int]]) -> float:
-    """Bytes per BPE token: how many byte-tokenizer tokens one BPE token replaces.
+    """UTF-8 bytes per BPE token: how many byte-tokenizer tokens one BPE token replaces.
 
-    Recipe: empty text -> ValueError mentioning "text"; return
-    len(text.encode("utf-8")) / len(encode(text, merges)).
+    A float; 1.0 with no merges. Lengths are in UTF-8 bytes, not characters.
+    Errors: empty ``text`` is a ValueError mentioning text.
     """
     raise NotImplementedError("compression_ratio: your turn (see the docstring)")
 
 
 def kv_bytes_for_text(text: str, merges: list[tuple[int, int]], kv_bytes_per_token: int) -> tuple[int, int]:
-    """KV-cache bytes to hold ``text``: (one byte per token, BPE tokens).
+    """KV-cache bytes to hold ``text``: ``(as one token per byte, as BPE tokens)``.
 
-    Recipe: kv_bytes_per_token must be > 0 (ValueError naming it). Multiply each
-    token count (bytes, BPE ids) by kv_bytes_per_token.
+    Errors: ``kv_bytes_per_token`` not > 0 is a ValueError naming it.
     """
     raise NotImplementedError("kv_bytes_for_text: your turn (see the docstring)")
 
