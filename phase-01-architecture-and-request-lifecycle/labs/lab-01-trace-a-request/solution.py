@@ -92,13 +92,14 @@ def expected_num_steps(
 
     The last chunk samples token 1, so only max_tokens - 1 steps remain.
     """
-    for name, value in (
-        ("num_prompt_tokens", num_prompt_tokens),
-        ("max_tokens", max_tokens),
-        ("max_num_batched_tokens", max_num_batched_tokens),
+    for name, value, low in (
+        ("num_prompt_tokens", num_prompt_tokens, 1),
+        ("max_tokens", max_tokens, 1),
+        ("max_num_batched_tokens", max_num_batched_tokens, 1),
+        ("long_prefill_token_threshold", long_prefill_token_threshold, 0),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     chunk = max_num_batched_tokens
     if 0 < long_prefill_token_threshold < chunk:
         chunk = long_prefill_token_threshold

@@ -46,17 +46,16 @@ def _find(engine: LLMEngine, request_id: str, finished: list[Request]) -> Reques
 def trace_request(prompt: str, max_tokens: int = 4, **engine_kwargs) -> list[Event]:
     """Run one greedy, ignore-EOS request to completion; one Event per step, plus step 0.
 
-    Recipe:
-      1. Reject a ``max_tokens`` that is not an int >= 1 (bools too) with a
-         ValueError whose message names ``max_tokens``.
-      2. ``engine = LLMEngine(**engine_kwargs)``; add the prompt with
-         ``SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)``
-         and KEEP THE ID IT RETURNS. Never type an id yourself.
-      3. Record Event(0, ...) right away: the request is WAITING, 0 computed.
-      4. ``while engine.has_unfinished_requests():`` call ``engine.step()``
-         and record Event(step, ...). Find the request with ``_find``: after its
-         last step it is no longer in ``engine.scheduler.running``; it is only
-         in the list ``step()`` returned.
+    Inputs: the prompt text, ``max_tokens`` (an int >= 1; bools are rejected) and
+    keyword arguments passed unchanged to ``LLMEngine``.
+    Output: ``[Event(0, ...), Event(1, ...), ..., Event(N, ...)]`` where event 0 is
+    the request just after it was added and event k its state after the k-th
+    engine step; N is the step that finished it. Every event carries the ID the
+    engine gave the request and the status *name* (a str).
+    Invariants: the last event's status is FINISHED_LENGTH_CAPPED, even with a
+    model that would emit EOS; ``num_computed_tokens`` and ``num_tokens`` never
+    decrease.
+    Errors: ValueError naming ``max_tokens`` for a bad ``max_tokens``.
     """
     raise NotImplementedError("trace_request: drive LLMEngine.step() and snapshot after each step")
 
@@ -64,14 +63,14 @@ def trace_request(prompt: str, max_tokens: int = 4, **engine_kwargs) -> list[Eve
 def summarize(events: list[Event], num_prompt_tokens: int) -> Summary:
     """Read the lifecycle off a trace: the status path and what each step did.
 
-    Recipe:
-      - ValueError if ``events`` is empty.
-      - ``statuses``: each status once, in order of first appearance.
-      - ``num_steps``: the step of the last event.
-      - ``first_token_step``: the first event whose num_tokens > num_prompt_tokens.
-      - For each pair (before, after) of consecutive events: a prefill step
-        if before.num_computed_tokens < num_prompt_tokens; otherwise a decode
-        step if the computed counter moved by exactly 1.
+    Inputs: a trace as ``trace_request`` returns it (step 0 first; any trace of
+    that shape, hand-written ones included) and the prompt length in tokens.
+    Output: a ``Summary`` whose fields are defined next to the class above. A
+    step is judged by the counters on either side of it: it is a prefill step
+    when the computed counter before it was still inside the prompt, and a
+    decode step otherwise when the computed counter moved by exactly one.
+    A status that appears again later (RUNNING after PREEMPTED) is listed once.
+    Errors: ValueError naming ``events`` for an empty trace.
     """
     raise NotImplementedError("summarize: walk consecutive events and classify each step")
 
@@ -82,15 +81,15 @@ def expected_num_steps(
     max_num_batched_tokens: int = 2048,
     long_prefill_token_threshold: int = 0,
 ) -> int:
-    """Steps a lone request takes: one per prefill chunk, then max_tokens - 1 decodes.
+    """The number of engine steps a request alone in the engine takes to finish.
 
-    Recipe:
-      - ValueError (naming the parameter) if num_prompt_tokens, max_tokens or
-        max_num_batched_tokens is not an int >= 1.
-      - The chunk size is the budget, lowered to the threshold when
-        0 < threshold < budget.
-      - Chunks = ceil(num_prompt_tokens / chunk). The last chunk samples token
-        1, so add max_tokens - 1.
+    Inputs: the prompt length and ``max_tokens`` (ints >= 1), the engine's token
+    budget per step (int >= 1) and its long-prefill threshold (int >= 0; 0 means
+    no threshold), with the same meaning as the ``LLMEngine`` arguments.
+    Output: an int equal to ``trace_request(...)[-1].step`` for the same
+    arguments, computed from the scheduling rules alone, without an engine.
+    Errors: ValueError naming the parameter for a value that is not an int
+    (bools included) or is below its minimum.
     """
     raise NotImplementedError("expected_num_steps: chunks + max_tokens - 1")
 

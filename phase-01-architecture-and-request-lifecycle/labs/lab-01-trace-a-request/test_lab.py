@@ -8,6 +8,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mini_vllm import engine as engine_module  # noqa: E402
+from mini_vllm.model import ToyModel  # noqa: E402
 
 
 def _shape(events):
@@ -25,6 +26,7 @@ def test_hello_trace_matches_the_guide_table():
         (4, "FINISHED_LENGTH_CAPPED", 8, 9),
     ]
     assert len({e.request_id for e in events}) == 1
+    assert all(type(e.status) is str for e in events)  # the status *name*, not the enum
 
 
 def test_status_path_is_waiting_running_finished():
@@ -39,13 +41,19 @@ def test_status_path_is_waiting_running_finished():
 def test_ids_are_read_from_the_engine_not_hard_coded(monkeypatch):
     original = engine_module.LLMEngine.add_request
 
+    submitted = []
+
     def add_with_odd_id(self, prompt, params=None, request_id=None):
+        submitted.append(params)
         return original(self, prompt, params, request_id="zebra-7")
 
     monkeypatch.setattr(engine_module.LLMEngine, "add_request", add_with_odd_id)
     events = impl.trace_request("hi", max_tokens=2)
     assert {e.request_id for e in events} == {"zebra-7"}
     assert events[-1].status == "FINISHED_LENGTH_CAPPED"
+    # The one request submitted is the one the README describes: greedy, ignore_eos, 2 tokens.
+    [params] = submitted
+    assert (params.greedy, params.ignore_eos, params.max_tokens) == (True, True, 2)
 
 
 def test_counters_obey_the_catch_up_arithmetic():
@@ -107,7 +115,58 @@ def test_a_budget_smaller_than_the_prompt_chunks_it_too():
     assert [(e.num_computed_tokens, e.num_tokens) for e in hello] == [(0, 5), (4, 5), (5, 6), (6, 7), (7, 8)]
 
 
-@settings(max_examples=25, deadline=None)
+def test_ignore_eos_keeps_a_request_going_on_a_model_that_prefers_eos():
+    # This toy model gives EOS the largest logit at every position: without ignore_eos the
+    # request would stop after its first token.
+    events = impl.trace_request("hi", max_tokens=5, model=ToyModel(eos_bias=100.0))
+    assert events[-1].status == "FINISHED_LENGTH_CAPPED"
+    assert (events[-1].step, events[-1].num_tokens) == (5, 7)
+
+
+def test_summarize_lists_statuses_by_first_appearance_even_after_preemption():
+    # A hand-written trace (P = 4) in which the request is preempted once and recomputed.
+    e = impl.Event
+    events = [
+        e(0, "r", "WAITING", 0, 4),
+        e(1, "r", "RUNNING", 4, 5),
+        e(2, "r", "PREEMPTED", 0, 5),
+        e(3, "r", "RUNNING", 5, 6),
+        e(4, "r", "FINISHED_LENGTH_CAPPED", 6, 7),
+    ]
+    summary = impl.summarize(events, num_prompt_tokens=4)
+    assert summary.statuses == ["WAITING", "RUNNING", "PREEMPTED", "FINISHED_LENGTH_CAPPED"]
+    assert (summary.num_steps, summary.first_token_step) == (4, 1)
+    assert (summary.prefill_steps, summary.decode_steps) == (2, 1)
+
+
+def test_one_token_prefill_chunks_are_prefill_not_decode():
+    # Threshold 1 moves the computed counter by exactly one in every prompt step too.
+    events = impl.trace_request("abc", max_tokens=3, long_prefill_token_threshold=1)
+    summary = impl.summarize(events, num_prompt_tokens=3)
+    assert (summary.prefill_steps, summary.decode_steps, summary.num_steps) == (3, 2, 5)
+
+
+def test_summarize_rejects_an_empty_trace():
+    with pytest.raises(ValueError, match="events"):
+        impl.summarize([], num_prompt_tokens=5)
+
+
+@pytest.mark.parametrize(("prompt_len", "max_tokens", "budget", "threshold", "steps"), [
+    (10, 4, 3, 5, 4 + 3),    # threshold above the budget: the budget cuts the chunks
+    (10, 4, 5, 3, 4 + 3),    # threshold below the budget: the threshold cuts them
+    (12, 2, 4, 0, 3 + 1),    # budget divides the prompt exactly: no extra chunk
+    (13, 2, 4, 4, 4 + 1),    # one token over a multiple: a fourth chunk of 1 token
+    (1, 1, 1, 0, 1),         # the smallest request: one step
+    (5, 2, 8, 1, 5 + 1),     # threshold 1: one prompt token per step
+])
+def test_step_count_formula_on_boundary_cases(prompt_len, max_tokens, budget, threshold, steps):
+    assert impl.expected_num_steps(prompt_len, max_tokens, budget, threshold) == steps
+    events = impl.trace_request("x" * prompt_len, max_tokens=max_tokens,
+                                max_num_batched_tokens=budget, long_prefill_token_threshold=threshold)
+    assert events[-1].step == steps
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     prompt_len=st.integers(1, 40),
     max_tokens=st.integers(1, 6),
@@ -131,3 +190,14 @@ def test_bad_max_tokens_is_rejected_with_a_named_error(bad):
         impl.trace_request("hi", max_tokens=bad)
     with pytest.raises(ValueError, match="max_tokens"):
         impl.expected_num_steps(5, bad)
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    ((0, 4), "num_prompt_tokens"),
+    ((5, 4, 0), "max_num_batched_tokens"),
+    ((5, 4, 8, -1), "long_prefill_token_threshold"),
+    ((5.0, 4), "num_prompt_tokens"),
+])
+def test_expected_num_steps_rejects_bad_sizes_by_name(args, name):
+    with pytest.raises(ValueError, match=name):
+        impl.expected_num_steps(*args)

@@ -72,16 +72,16 @@ class EngineLog:
 def parse_line(line: str) -> LogLine | None:
     """Split one line of vLLM output into header fields and message; None if not a log line.
 
-    Recipe:
-      - Strip ANSI colour codes first (``\x1b[...m``): a terminal run colours
-        the level, the time and the process prefix.
-      - A line from a child process starts with ``(NAME pid=N) ``
-        (vllm/utils/system_utils.py:209); front-end lines do not.
-      - Then, possibly after a user-chosen VLLM_LOGGING_PREFIX, comes vLLM's
-        format (vllm/logger.py:22-26): ``LEVEL MM-DD HH:MM:SS [FILE:LINE] MESSAGE``.
-        LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL.
-      - Anything else (print output, tqdm bars, tracebacks, "") returns None.
-    One regular expression with named groups does it.
+    Input: one line as it appears in a captured log, possibly with its newline,
+    with ANSI colour codes (a terminal run colours the level, the time and the
+    process prefix), with a child process's ``(NAME pid=N) `` prefix
+    (vllm/utils/system_utils.py:209) or without one (front-end lines), and
+    possibly with a user's VLLM_LOGGING_PREFIX before vLLM's own format
+    (vllm/logger.py:22-26): ``LEVEL MM-DD HH:MM:SS [FILE:LINE] MESSAGE``, where
+    LEVEL is any of Python's five logging level names.
+    Output: a ``LogLine`` with the colours removed, ``pid`` and ``lineno`` as
+    ints, ``process`` and ``pid`` None for a front-end line; None for anything
+    without that header (print output, tqdm bars, tracebacks, "").
     """
     raise NotImplementedError("parse_line: one regex for vLLM's log header")
 
@@ -114,10 +114,13 @@ def parse_stats(message: str) -> dict[str, float] | None:
     Every part is "Name: number[unit]", so the optional parts (Deferred,
     Preemptions, ...) come out too, keyed by their snake_cased names.
 
-    Recipe: match "Engine NNN: " followed by a body starting "Avg prompt throughput: ";
-    split the body on ", "; each part is a name, ": ", a number, and an optional
-    unit ("tokens/s", "reqs" or "%"). Key = name lower-cased with spaces -> "_".
-    Return None if any part does not fit. Format: vllm/v1/metrics/loggers.py:223-275.
+    Input: a message (the header already removed). The line is "Engine NNN: "
+    and then parts joined by ", ", the first being "Avg prompt throughput";
+    each part is a name, ": ", a number and an optional unit ("tokens/s",
+    "reqs" or "%"). Format: vllm/v1/metrics/loggers.py:223-275.
+    Output: ``{"engine": NNN as an int}`` plus one float per part, keyed by the
+    part's name lower-cased with spaces turned into "_"; None when the message
+    is not such a line or any one of its parts does not fit.
     """
     raise NotImplementedError("parse_stats: split the parts, parse name: number[unit]")
 
@@ -138,11 +141,11 @@ def where_from(message: str) -> str | None:
 def read_log(lines: Iterable[str]) -> EngineLog:
     """Fold a whole log into an EngineLog.
 
-    For each line: not a log line -> unparsed += 1. Otherwise, by message:
-    an Iteration -> append; a capacity line -> set kv_cache_tokens, or
-    max_model_len and max_concurrency; the "Initializing" line -> version
-    (the text between "(v" and ")"); the two busy-loop lines -> idle_waits /
-    wakeups; a stat line -> append its dict to stats. Ignore everything else.
+    Input: the lines of a log, in order. Output: an ``EngineLog`` whose fields
+    (defined next to the class) summarise them: ``unparsed`` counts the lines
+    ``parse_line`` rejects; every Iteration and every stat line is kept, in
+    order; the version is the text between "(v" and ")" of the engine-start
+    line; log lines of any other kind change nothing.
     """
     raise NotImplementedError("read_log: parse_line, then dispatch on the message")
 
@@ -158,9 +161,11 @@ def expected_iterations(
     is a context iteration, the last chunk samples token 1, and each of the
     remaining max_tokens - 1 tokens costs one generation iteration.
 
-    Recipe: ValueError naming the parameter unless all three are ints >= 1.
-    Cut the prompt into chunks of at most max_num_batched_tokens: one
-    (1, chunk, 0, 0) each; then max_tokens - 1 times (0, 0, 1, 1).
+    Output: the lines in the order the engine prints them, for a request alone
+    in the engine whose prompt is cut into chunks of at most
+    ``max_num_batched_tokens`` tokens (no long-prefill threshold).
+    Errors: ValueError naming the parameter unless all three are ints >= 1
+    (bools are rejected).
     """
     raise NotImplementedError("expected_iterations: prefill chunks, then max_tokens - 1 decodes")
 
@@ -196,7 +201,10 @@ def kv_capacity(num_blocks: int, block_size: int, max_model_len: int) -> tuple[i
 
     upstream: vllm/v1/core/kv_cache_utils.py:877 get_max_concurrency_for_kv_cache_config
 
-    ValueError naming the parameter unless all three are ints >= 1.
+    Output: the token count as an int (truncated, as upstream's ``int()`` does)
+    and the concurrency as an unrounded float.
+    Errors: ValueError naming the parameter unless all three are ints >= 1
+    (bools are rejected).
     """
     raise NotImplementedError("kv_capacity: blocks per request, then concurrency and tokens")
 
@@ -214,10 +222,11 @@ def blocks_for_memory(
 
     upstream: vllm/v1/core/kv_cache_utils.py:935 get_num_blocks
 
-    Recipe: ValueError naming the parameter unless the five sizes are ints >= 1
-    and kv_cache_bytes an int >= 0 (bools are not ints here). One layer's block
-    (a "page") is 2 * block_size * num_kv_heads * head_size * dtype_bytes bytes;
-    the answer is kv_cache_bytes // page // num_layers, as upstream computes it.
+    Output: the number of whole blocks (an int >= 0) that fit, every layer
+    holding its keys and its values for the block's tokens; a partial block
+    does not count.
+    Errors: ValueError naming the parameter unless the five sizes are ints >= 1
+    and ``kv_cache_bytes`` an int >= 0 (bools are rejected).
     """
     raise NotImplementedError("blocks_for_memory: bytes // page size // layers")
 

@@ -85,6 +85,14 @@ def test_parse_line_survives_colours_and_a_logging_prefix():
     assert (prefixed.level, prefixed.message) == ("WARNING", "careful")
 
 
+@pytest.mark.parametrize("level", ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+def test_parse_line_reads_every_logging_level(level):
+    line = impl.parse_line(f"{level} 12-31 23:59:58 [v1/engine/core.py:9] msg: done")
+    assert (line.level, line.timestamp, line.lineno, line.message) == (
+        level, "12-31 23:59:58", 9, "msg: done",
+    )
+
+
 @pytest.mark.parametrize("text", [
     "",
     "Processed prompts: 100%|##########| 1/1 [00:00<00:00,  9.31it/s]",
@@ -106,6 +114,12 @@ def test_parse_iteration_reads_every_field():
     )
     assert it == impl.Iteration(12, 2, 300, 5, 5, 41.25)
     assert it.shape == (2, 300, 5, 5)
+    # With speculative decoding a generation request can add several tokens in one step.
+    spec = impl.parse_iteration(
+        "Iteration(7): 1 context requests, 40 context tokens, 3 generation requests, "
+        "9 generation tokens, iteration elapsed time: 5.50 ms"
+    )
+    assert spec == impl.Iteration(7, 1, 40, 3, 9, 5.5)
     assert impl.parse_iteration("EngineCore loop active.") is None
 
 
@@ -127,6 +141,11 @@ def test_parse_stats_reads_required_and_optional_parts():
         "prefix_cache_hit_rate": 50.0,
     }
     assert impl.parse_stats("Engine 000: something else") is None
+    # A data-parallel rank other than 0, and a line with one part that does not fit.
+    assert impl.parse_stats("Engine 003: Avg prompt throughput: 1.0 tokens/s, Running: 2 reqs") == {
+        "engine": 3, "avg_prompt_throughput": 1.0, "running": 2,
+    }
+    assert impl.parse_stats("Engine 000: Avg prompt throughput: 1.0 tokens/s, Running: two reqs") is None
 
 
 def test_where_from_names_the_code_that_printed_the_line():
@@ -158,6 +177,17 @@ def test_read_log_folds_the_sample_run():
     assert log.iterations[16].shape == (0, 0, 0, 0)
     assert [it.index for it in log.iterations] == list(range(17))
     assert (log.idle_waits, log.wakeups, log.unparsed) == (2, 1, 1)
+    assert log.stats == []
+
+
+def test_read_log_collects_periodic_stat_lines():
+    stat = ("INFO 05-14 10:11:31 [v1/metrics/loggers.py:271] Engine 000: Avg prompt throughput: "
+            "0.6 tokens/s, Avg generation throughput: 1.6 tokens/s, Running: 0 reqs, Waiting: 0 reqs, "
+            "GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+    log = impl.read_log(SAMPLE + [stat, stat.replace("Running: 0", "Running: 1")])
+    assert [s["running"] for s in log.stats] == [0, 1]
+    assert log.stats[0]["avg_generation_throughput"] == 1.6
+    assert len(log.iterations) == 17 and log.unparsed == 1  # the stat lines are log lines
 
 
 def test_check_log_accepts_the_sample_and_flags_every_disagreement():
@@ -187,7 +217,7 @@ def test_expected_iterations_chunks_a_long_prompt():
     assert impl.expected_iterations(3, 1, 8) == [(1, 3, 0, 0)]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=20, deadline=None, derandomize=True)
 @given(prompt_len=st.integers(1, 30), max_tokens=st.integers(1, 5), budget=st.integers(1, 40))
 def test_expected_iterations_agrees_with_mini_vllm(prompt_len, max_tokens, budget):
     """mini_vllm's scheduler follows the same rules; classify its steps the way
@@ -215,18 +245,37 @@ def test_kv_capacity_gives_the_illustrative_startup_numbers():
     assert f"{tokens:,}" == "233,008" and f"{concurrency:.2f}" == "910.19"
     # A max_model_len that is not a whole number of blocks still reserves whole blocks.
     assert impl.kv_capacity(100, 16, 40) == (1333, 100 / 3)
+    # 101 / 3 * 40 = 1346.67: upstream truncates with int(), it does not round.
+    assert impl.kv_capacity(101, 16, 40) == (1346, 101 / 3)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: impl.expected_iterations(0, 4, 8),
-    lambda: impl.expected_iterations(5, 4, 0),
-    lambda: impl.kv_capacity(10, 0, 256),
-    lambda: impl.blocks_for_memory(-1, 12, 12, 64, 2, 16),
-    lambda: impl.blocks_for_memory(2**30, 12, 12, 64, 2, True),
-])
-def test_calculators_reject_bad_input_with_a_named_error(call):
-    with pytest.raises(ValueError, match=r"must be"):
-        call()
+def test_blocks_for_memory_counts_only_whole_blocks():
+    # 2 layers x (K and V) x 2 tokens x 1 head x 4 dims x 2 bytes = 64 bytes per block.
+    sizes = dict(num_layers=2, num_kv_heads=1, head_size=4, dtype_bytes=2, block_size=2)
+    assert [impl.blocks_for_memory(n, **sizes) for n in (0, 63, 64, 127, 128)] == [0, 0, 1, 1, 2]
+
+
+def test_calculators_accept_the_smallest_legal_sizes():
+    assert impl.kv_capacity(1, 1, 1) == (1, 1.0)
+    assert impl.blocks_for_memory(2, 1, 1, 1, 1, 1) == 1  # K and V of one 1-byte value
+    assert impl.expected_iterations(1, 1, 1) == [(1, 1, 0, 0)]
+
+
+_GOOD = {
+    impl.expected_iterations: dict(num_prompt_tokens=6, max_tokens=4, max_num_batched_tokens=8),
+    impl.kv_capacity: dict(num_blocks=10, block_size=16, max_model_len=256),
+    impl.blocks_for_memory: dict(kv_cache_bytes=2**30, num_layers=12, num_kv_heads=12,
+                                 head_size=64, dtype_bytes=2, block_size=16),
+}
+_BAD = [(fn, name, bad) for fn, kwargs in _GOOD.items() for name in kwargs
+        for bad in ((-1, 2.5, True) if name == "kv_cache_bytes" else (0, 2.5, True))]
+
+
+@pytest.mark.parametrize(("fn", "name", "bad"), _BAD,
+                         ids=[f"{fn.__name__}-{name}-{bad!r}" for fn, name, bad in _BAD])
+def test_calculators_reject_bad_input_with_a_named_error(fn, name, bad):
+    with pytest.raises(ValueError, match=name):
+        fn(**{**_GOOD[fn], name: bad})
 
 
 # --------------------------------------------------------------------------- upstream format strings

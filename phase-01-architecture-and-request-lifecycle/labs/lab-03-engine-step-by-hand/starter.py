@@ -26,9 +26,10 @@ def rows_to_sample(scheduler_output: SchedulerOutput) -> list[tuple[int, Request
     last) gets no row here: its logits predict a position whose token is known.
     Call this before ``update_from_output`` moves the counters.
 
-    Recipe: enumerate ``scheduler_output.scheduled_requests``; with
-    n = ``num_scheduled_tokens[request.request_id]``, keep (row, request) when
-    ``request.num_computed_tokens + n == request.num_tokens``.
+    Input: the ``SchedulerOutput`` of one ``schedule()`` call, before the update.
+    Output: a list of ``(row, request)`` in increasing row order, where ``row`` is
+    the request's position in ``scheduled_requests`` (positions of requests that
+    do not sample are skipped, not closed up). Reads only; changes nothing.
     """
     raise NotImplementedError("rows_to_sample: keep the rows whose chunk catches up")
 
@@ -46,21 +47,16 @@ def engine_step(
     ``np.random.default_rng(params.seed)`` on its first sample, as LLMEngine
     does for a seeded request. ``None`` is allowed only when every request is greedy.
 
-    Recipe:
-      0. If ``generators is None`` and any request in ``scheduler.running`` or
-         ``scheduler.waiting`` is not greedy (``sampling_params.greedy``), raise
-         ValueError naming ``generators`` -- before touching the scheduler.
-      1. PLAN:   ``out = scheduler.schedule()``.
-      2. RUN:    if ``out.total_num_scheduled_tokens > 0``:
-                 ``logits = model.execute(prepare_inputs(out, scheduler.kv_cache_manager))``;
-                 row i belongs to ``out.scheduled_requests[i]``.
-      3. PICK:   for (row, request) in ``rows_to_sample(out)`` only:
-                 ``sampler.sample(logits[row], params, generator)``, where the
-                 generator is None for greedy requests, else the request's
-                 generator from ``generators`` (create it on first use).
-                 Collect ``{request_id: token}``.
-      4. UPDATE: ``finished = scheduler.update_from_output(out, sampled)`` --
-                 ALWAYS, even when nothing was sampled.
-      5. Drop the generators of finished requests; return ``finished``.
+    Inputs: the parts of one ``LLMEngine`` (its scheduler, model and sampler) and
+    the caller's generator dictionary.
+    Output: exactly the requests that finished in this step (what
+    ``LLMEngine.step`` would return), possibly ``[]``.
+    Invariants: after any number of calls, every request's tokens, status and
+    finishing step equal those ``LLMEngine.step`` would produce; only requests
+    whose chunk completes their known tokens draw a token (and a random number);
+    a step that schedules nothing does not run the model; a finished request's
+    generator is removed from ``generators``.
+    Errors: ValueError naming ``generators`` when it is ``None`` and any waiting
+    or running request is not greedy, raised before anything is scheduled.
     """
     raise NotImplementedError("engine_step: schedule, run, sample the caught-up rows, update")

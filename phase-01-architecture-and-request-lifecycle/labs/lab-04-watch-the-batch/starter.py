@@ -37,21 +37,17 @@ def trace_batches(
 ) -> tuple[list[str], list[StepRecord]]:
     """Run greedy, ignore-EOS requests to completion; return (ids in prompt order, one record per step).
 
-    Recipe:
-      - ValueError (via ``_check_int``) if max_tokens is not an int >= 1, and a
-        ValueError if ``prompts`` is empty.
-      - Build ``LLMEngine(**engine_kwargs)``; add every prompt with
-        ``SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)``;
-        keep the returned ids.
-      - Replace ``engine.scheduler.schedule`` by a probe (assign a closure to the
-        instance attribute) that:
-          1. notes which requests in ``running`` and ``waiting`` have no output
-             token yet (they count as prefill this step, upstream's rule);
-          2. calls the original ``schedule()``;
-          3. appends a StepRecord built from a COPY of ``out.num_scheduled_tokens``,
-             split into prefill / decode, plus the ids still in ``scheduler.waiting``;
-          4. returns ``out`` unchanged.
-      - ``while engine.has_unfinished_requests(): engine.step()``.
+    Inputs: the prompts, ``max_tokens`` for each, and keyword arguments passed
+    unchanged to ``LLMEngine``.
+    Output: the IDs the engine gave the requests, in prompt order, and one
+    ``StepRecord`` per engine step, numbered from 1, whose fields are defined
+    next to the class. A request counts as prefill in a step when it had no
+    output token before that step (upstream's rule), however many tokens it got.
+    Invariants: the records are a faithful copy, unaffected by anything the
+    scheduler does to its own objects later; observing changes nothing, so the
+    engine schedules exactly what it would without the probe.
+    Errors: ValueError naming ``max_tokens`` for a value that is not an int
+    >= 1; ValueError naming ``prompts`` for an empty list.
     """
     raise NotImplementedError("trace_batches: wrap scheduler.schedule with a probe, then run")
 
@@ -72,13 +68,14 @@ def predict_batches(
     request samples when its computed tokens catch up, and leaves after its
     max_tokens-th token. The KV cache is assumed large enough.
 
-    Recipe: validate every argument with ``_check_int`` (prompt lengths >= 1,
-    the threshold >= 0, the rest >= 1). Keep per request: tokens (starts at
-    its prompt length), computed, outputs; a waiting deque and a running list.
-    Each step: hand out the budget to running requests (stop at 0), then admit
-    waiting ones; then for each scheduled request add its tokens to computed
-    and, if computed == tokens, count one sampled token (tokens += 1). Drop
-    the requests that reached max_tokens from running. Record {index: tokens}.
+    Output: one dict per engine step, ``{request index: tokens scheduled}``,
+    listing only requests that got at least one token; for the same workload it
+    equals what ``trace_batches`` measures, with IDs replaced by indices.
+    The caller's ``prompt_lens`` is left unchanged.
+    Errors: ValueError naming the parameter (``prompt_lens`` for a bad length)
+    for a value that is not an int or is below its minimum: 1 for the prompt
+    lengths, ``max_tokens``, ``max_num_batched_tokens`` and ``max_num_seqs``,
+    0 for ``long_prefill_token_threshold``.
     """
     raise NotImplementedError("predict_batches: simulate budget, chunking and FCFS admission")
 
@@ -86,18 +83,24 @@ def predict_batches(
 def batch_summary(ids: list[str], records: list[StepRecord]) -> dict:
     """The facts a maintainer reads off a batch trace.
 
-    Return a dict with:
-      "num_steps"            len(records)
+    Inputs: the two values ``trace_batches`` returns (every ID is scheduled at
+    least once). Output: a dict with exactly these keys:
+      "num_steps"            the number of records
       "tokens_per_request"   {id: total tokens scheduled over all steps}
-      "first_scheduled_step" {id: the first step that scheduled it}
-      "max_step_tokens"      the largest total scheduled in one step
-      "mixed_steps"          steps that scheduled both a prefill and a decode
+      "first_scheduled_step" {id: the step number (StepRecord.step) that first scheduled it}
+      "max_step_tokens"      the largest total scheduled in one step, all requests together
+      "mixed_steps"          the step numbers, in order, of steps that scheduled at
+                             least one prefill request and at least one decode request
     """
     raise NotImplementedError("batch_summary: totals, first steps, mixed steps")
 
 
 def batch_matrix(ids: list[str], records: list[StepRecord]) -> list[list[int]]:
-    """Row per step, column per request (in ``ids`` order): tokens scheduled, 0 if none."""
+    """Row per step, column per request (in ``ids`` order): tokens scheduled, 0 if none.
+
+    Output: ``len(records)`` rows of ``len(ids)`` ints; entry [i][j] is what
+    step ``records[i]`` scheduled for ``ids[j]``.
+    """
     raise NotImplementedError("batch_matrix: one row per step, one column per id")
 
 

@@ -7,7 +7,9 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from mini_vllm import engine as engine_module  # noqa: E402
 from mini_vllm.engine import LLMEngine  # noqa: E402
+from mini_vllm.model import ToyModel  # noqa: E402
 from mini_vllm.sampling_params import SamplingParams  # noqa: E402
 
 A, B = "hello world", "goodbye"  # 11 and 7 tokens
@@ -37,6 +39,14 @@ def test_step_three_mixes_a_decode_with_a_prefill_chunk():
     assert named(ids, third.decode) == {"A": 1}
     assert named(ids, third.prefill) == {"B": 2}
     assert impl.batch_summary(ids, records)["mixed_steps"] == [3]
+
+
+def test_a_one_token_last_prefill_chunk_is_still_prefill():
+    # 9 prompt tokens at budget 8: chunks of 8 and 1. The 1-token chunk finishes the prompt
+    # and samples token 1, but the request had no output token yet: it is prefill.
+    ids, records = impl.trace_batches(["abcdefghi"], max_tokens=2, max_num_batched_tokens=8)
+    (a,) = ids
+    assert [(r.prefill, r.decode) for r in records] == [({a: 8}, {}), ({a: 1}, {}), ({}, {a: 1})]
 
 
 def test_token_conservation_per_request():
@@ -76,12 +86,36 @@ def test_budget_is_never_exceeded_and_the_matrix_matches_the_records():
     assert [sum(col) for col in zip(*matrix, strict=True)] == [30 + 4, 9 + 4, 17 + 4]
 
 
+def test_matrix_columns_follow_prompt_order_with_twelve_requests():
+    # Twelve requests: the engine names them req-0 ... req-11, and "req-10" sorts before "req-2".
+    prompts = [chr(ord("a") + i) * (i + 1) for i in range(12)]
+    ids, records = impl.trace_batches(prompts, max_tokens=2)
+    matrix = impl.batch_matrix(ids, records)
+    assert [sum(col) for col in zip(*matrix, strict=True)] == [i + 1 + 1 for i in range(12)]
+    assert matrix[0] == [i + 1 for i in range(12)]
+
+
 def test_the_probe_does_not_change_what_the_engine_does():
     kw = dict(max_num_batched_tokens=8, long_prefill_token_threshold=5)
     ids, records = impl.trace_batches([A, B, "xyz"], max_tokens=3, **kw)
     plain = LLMEngine(**kw)
     plain.generate([A, B, "xyz"], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert [r.scheduled for r in records] == [s.num_scheduled_tokens for s in plain.stats]
+
+
+def test_requests_are_greedy_and_ignore_eos_even_on_a_model_that_prefers_eos(monkeypatch):
+    submitted = []
+    original = engine_module.LLMEngine.add_request
+
+    def recording_add(self, prompt, params=None, request_id=None):
+        submitted.append(params)
+        return original(self, prompt, params, request_id)
+
+    monkeypatch.setattr(engine_module.LLMEngine, "add_request", recording_add)
+    # EOS has the largest logit everywhere: only ignore_eos lets the requests run to 3 tokens.
+    ids, records = impl.trace_batches([A, B], max_tokens=3, model=ToyModel(eos_bias=100.0))
+    assert named(ids, impl.batch_summary(ids, records)["tokens_per_request"]) == {"A": 13, "B": 9}
+    assert [(p.greedy, p.ignore_eos, p.max_tokens) for p in submitted] == [(True, True, 3)] * 2
 
 
 def test_the_probe_keeps_a_copy_not_the_schedulers_dict(monkeypatch):
@@ -109,7 +143,19 @@ def test_prediction_matches_the_worked_example():
     ]
 
 
-@settings(max_examples=25, deadline=None)
+def test_prediction_with_one_seat_runs_the_requests_one_after_the_other():
+    assert impl.predict_batches([11, 7], 4, 2048, max_num_seqs=1) == (
+        [{0: 11}, {0: 1}, {0: 1}, {0: 1}, {1: 7}, {1: 1}, {1: 1}, {1: 1}]
+    )
+
+
+def test_prediction_leaves_the_callers_list_alone():
+    lens = [11, 7]
+    impl.predict_batches(lens, 4, 8)
+    assert lens == [11, 7]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     lens=st.lists(st.integers(1, 25), min_size=1, max_size=4),
     max_tokens=st.integers(1, 4),
@@ -127,13 +173,17 @@ def test_prediction_matches_the_engine(lens, max_tokens, budget, threshold, max_
     assert measured == impl.predict_batches(lens, max_tokens, budget, threshold, max_seqs)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: impl.trace_batches([A], max_tokens=0),
-    lambda: impl.trace_batches([], max_tokens=2),
-    lambda: impl.predict_batches([3], 2, 0),
-    lambda: impl.predict_batches([0], 2, 8),
-    lambda: impl.predict_batches([3], 2, 8, max_num_seqs=0),
+@pytest.mark.parametrize(("call", "name"), [
+    (lambda: impl.trace_batches([A], max_tokens=0), "max_tokens"),
+    (lambda: impl.trace_batches([], max_tokens=2), "prompts"),
+    (lambda: impl.predict_batches([3], 0, 8), "max_tokens"),
+    (lambda: impl.predict_batches([3], 2, 0), "max_num_batched_tokens"),
+    (lambda: impl.predict_batches([0], 2, 8), "prompt_lens"),
+    (lambda: impl.predict_batches([3, 2.5], 2, 8), "prompt_lens"),
+    (lambda: impl.predict_batches([3], 2, 8, long_prefill_token_threshold=-1),
+     "long_prefill_token_threshold"),
+    (lambda: impl.predict_batches([3], 2, 8, max_num_seqs=0), "max_num_seqs"),
 ])
-def test_bad_parameters_are_rejected_with_a_named_error(call):
-    with pytest.raises(ValueError, match="must"):
+def test_bad_parameters_are_rejected_with_a_named_error(call, name):
+    with pytest.raises(ValueError, match=name):
         call()

@@ -22,14 +22,14 @@ from mini_vllm.tokenizer import ByteTokenizer
 def finish_reason(status: RequestStatus | str) -> str | None:
     """The API's finish_reason for a status (a RequestStatus or an upstream status name).
 
-    Recipe: read ``_FINISHED_REASON_MAP`` in upstream/vllm/v1/request.py (line 349)
-    and the strings of ``FinishReason`` in upstream/vllm/v1/engine/__init__.py.
-    Work by name (``status.name`` for a RequestStatus), so the upstream statuses
-    mini_vllm lacks (FINISHED_IGNORED, FINISHED_ERROR, ...) are covered too.
-      - a status in that map -> its string ("stop", "length", "abort", ...);
-      - any other upstream status (WAITING, RUNNING, PREEMPTED and the other
-        WAITING_FOR_* states) -> None: not finished, no reason yet;
-      - anything else -> ValueError whose message names ``status``.
+    Input: a mini_vllm ``RequestStatus``, or the name of any member of upstream's
+    ``RequestStatus`` (vllm/v1/request.py), including those mini_vllm lacks.
+    Output: the string upstream's status -> reason map gives that status
+    (vllm/v1/request.py:349 _FINISHED_REASON_MAP, with the strings of
+    vllm/v1/engine/__init__.py:30 FINISH_REASON_STRINGS), or None for a status
+    that map does not contain.
+    Errors: ValueError naming ``status`` for a name that is not an upstream
+    status at all (for example "FINISHED_LENGTH").
     """
     raise NotImplementedError("finish_reason: upstream's status -> reason map, by name")
 
@@ -40,12 +40,14 @@ def find_stop_string(output_text: str, new_char_count: int, stop: list[str]) -> 
     Only the tail can hold a new match: the new characters plus len(stop) - 1
     characters before them, for a stop string that began in older text.
 
-    Recipe (upstream: vllm/v1/engine/detokenizer.py:309 check_stop_strings):
-      - ValueError naming ``new_char_count`` if it is negative.
-      - None if new_char_count is 0 or ``stop`` is empty.
-      - For each stop string s, in order: search ``output_text`` for s starting at
-        index len(output_text) - new_char_count - len(s) + 1 (not below 0);
-        the first hit returns (s, index of the match).
+    Inputs: the whole output text so far; how many characters at its end are new
+    since the last check (int >= 0); the stop strings, in the caller's order.
+    Output: ``(s, i)`` for the first stop string ``s`` in ``stop`` that has an
+    occurrence ending inside the new characters, ``i`` being where that
+    occurrence starts (the text is cut there); None when there is none. A match
+    that lies entirely in older text is never reported again.
+    Errors: ValueError naming ``new_char_count`` when it is negative.
+    (upstream: vllm/v1/engine/detokenizer.py:309 check_stop_strings)
     """
     raise NotImplementedError("find_stop_string: search only the new tail")
 
@@ -67,16 +69,15 @@ def check_stop(request: Request, max_model_len: int | None = None) -> bool:
     Order: EOS (unless ignore_eos), then stop strings, then length (max_tokens,
     or max_model_len for prompt + output).
 
-    Recipe:
-      1. If not ``params.ignore_eos`` and the last output token is
-         ``request.eos_token_id``: status FINISHED_STOPPED, return True.
-      2. If ``params.stop``: decode the output without and with the last token
-         (``request.tokenizer.decode``), count the new characters with
-         ``_new_char_count``, and call ``find_stop_string``. On a hit: status
-         FINISHED_STOPPED, ``stop_reason`` = the stop string, return True.
-      3. If num_output_tokens >= max_tokens, or max_model_len is given and
-         num_tokens >= max_model_len: status FINISHED_LENGTH_CAPPED, return True.
-      4. Otherwise return False and leave the status alone.
+    Input: a request whose newest output token was just appended; the model's
+    length limit in tokens, or None for no limit.
+    Output: True when the request is finished, with ``request.status`` set to
+    FINISHED_STOPPED (its own ``eos_token_id``, or a stop string found in the
+    decoded *output* text, whose value then goes into ``request.stop_reason``)
+    or FINISHED_LENGTH_CAPPED (``max_tokens`` output tokens, or prompt + output
+    reaching ``max_model_len``). When several conditions hold at once, the first
+    in the order above decides. False otherwise, with nothing changed.
+    ``ignore_eos`` switches off the EOS check and nothing else.
     """
     raise NotImplementedError("check_stop: EOS, then stop strings, then length")
 
@@ -93,11 +94,11 @@ def run_until_stop(
     The prompt is ``num_prompt_tokens`` copies of byte 65 ("A"). If the stream
     runs out first, the request is returned still RUNNING.
 
-    Recipe: ValueError naming ``num_prompt_tokens`` unless it is an int >= 1.
-    Build ``Request("scripted", [65] * num_prompt_tokens, sampling_params,
-    eos_token_id)``, set its status to RUNNING (it is being generated), then for
-    each token: ``request.append_output_token(token)``; stop as soon as
-    ``check_stop(request, max_model_len)`` is True. Return the request.
+    Output: a ``Request`` (ID "scripted", the given EOS ID) holding the stream's
+    tokens up to and including the one that finished it, with the status and
+    stop reason ``check_stop`` set; no token after that one is consumed.
+    Errors: ValueError naming ``num_prompt_tokens`` unless it is an int >= 1
+    (bools are rejected).
     """
     raise NotImplementedError("run_until_stop: append, check, break")
 

@@ -55,6 +55,55 @@ def test_stop_string_on_the_boundary_also_reports_stop():
     assert r.output_text() == "x"
 
 
+def test_ignore_eos_leaves_stop_strings_on():
+    r = impl.run_until_stop(list(b"xy\n\nz"), params(max_tokens=10, ignore_eos=True, stop="\n\n"))
+    assert (r.status, r.stop_reason, r.output_text()) == (RequestStatus.FINISHED_STOPPED, "\n\n", "xy")
+
+
+def test_the_requests_own_eos_id_is_the_one_that_stops_it():
+    r = impl.run_until_stop([10, 7, 20], params(max_tokens=5), eos_token_id=7)
+    assert (r.output_token_ids, r.status) == ([10, 7], RequestStatus.FINISHED_STOPPED)
+    r = impl.run_until_stop([EOS, 30], params(max_tokens=2), eos_token_id=7)  # 256 is not its EOS
+    assert (r.output_token_ids, r.status) == ([EOS, 30], RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+def test_stop_strings_are_matched_in_the_output_only():
+    # The prompt is "A"; "Ab" would match across the prompt and the first output byte.
+    r = impl.run_until_stop(list(b"bAbc"), params(max_tokens=10, stop="Ab"))
+    assert r.output_token_ids == list(b"bAb")
+    assert (r.stop_reason, r.output_text()) == ("Ab", "b")
+
+
+def test_the_first_stop_string_in_the_list_wins_when_two_match_at_once():
+    # Both end at the new character; upstream returns the first one in the caller's order.
+    assert impl.find_stop_string("xab", 1, ["b", "ab"]) == ("b", 2)
+    assert impl.find_stop_string("xab", 1, ["ab", "b"]) == ("ab", 1)
+    r = impl.run_until_stop(list(b"xab"), params(max_tokens=10, stop=["b", "ab"]))
+    assert (r.stop_reason, r.output_text()) == ("b", "xa")
+
+
+def test_check_stop_returns_false_and_leaves_a_running_request_alone():
+    r = Request("direct", [65, 65], params(max_tokens=4, stop="zz"), EOS)
+    r.status = RequestStatus.RUNNING
+    r.append_output_token(ord("z"))
+    assert impl.check_stop(r, max_model_len=10) is False
+    assert (r.status, r.stop_reason) == (RequestStatus.RUNNING, None)
+    r.append_output_token(ord("z"))
+    assert impl.check_stop(r, max_model_len=10) is True
+    assert (r.status, r.stop_reason) == (RequestStatus.FINISHED_STOPPED, "zz")
+
+
+def test_the_scripted_prompt_is_made_of_the_letter_a():
+    r = impl.run_until_stop([], params(max_tokens=2), num_prompt_tokens=3)
+    assert (r.prompt_token_ids, r.request_id, r.status) == ([65, 65, 65], "scripted", RequestStatus.RUNNING)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_a_scripted_request_needs_a_prompt(bad):
+    with pytest.raises(ValueError, match="num_prompt_tokens"):
+        impl.run_until_stop([1], params(max_tokens=1), num_prompt_tokens=bad)
+
+
 def test_max_model_len_caps_prompt_plus_output():
     r = impl.run_until_stop(range(70, 90), params(max_tokens=10), num_prompt_tokens=5, max_model_len=7)
     assert r.num_output_tokens == 2 and r.num_tokens == 7
@@ -65,6 +114,11 @@ def test_stop_string_split_across_tokens_is_found():
     r = impl.run_until_stop(list(b"hi\n\nthere"), params(max_tokens=20, stop="\n\n"))
     assert r.output_token_ids == list(b"hi\n\n")  # stopped on the token that completed it
     assert r.stop_reason == "\n\n" and r.output_text() == "hi"
+
+
+def test_a_stop_string_completed_by_the_first_token_stops_at_once():
+    r = impl.run_until_stop(list(b"\nab"), params(max_tokens=5, stop="\n"))
+    assert (r.output_token_ids, r.stop_reason, r.output_text()) == ([10], "\n", "")
 
 
 def test_stop_string_split_inside_a_utf8_character_is_found():
@@ -79,6 +133,8 @@ def test_find_stop_string_searches_only_the_new_tail():
     assert impl.find_stop_string("xxabyy", 2, ["ab"]) is None       # completed earlier: not new
     assert impl.find_stop_string("xxab", 0, ["ab"]) is None         # nothing new
     assert impl.find_stop_string("ab", 2, ["zz", "b"]) == ("b", 1)  # first stop string that matches
+    assert impl.find_stop_string("xaya", 3, ["a"]) == ("a", 1)      # its earliest new occurrence
+    assert impl.find_stop_string("ab", 2, ["ab"]) == ("ab", 0)      # the whole text is the match
     with pytest.raises(ValueError, match="new_char_count"):
         impl.find_stop_string("ab", -1, ["b"])
 
@@ -95,13 +151,16 @@ def test_finish_reason_covers_upstream_names_and_rejects_others():
     assert impl.finish_reason("FINISHED_IGNORED") == "length"
     assert impl.finish_reason("FINISHED_ERROR") == "error"
     assert impl.finish_reason("WAITING_FOR_REMOTE_KVS") is None
+    assert impl.finish_reason("FINISHED_REPETITION") == "repetition"
+    # A streaming-input session paused between chunks: upstream's map says "stop".
+    assert impl.finish_reason("WAITING_FOR_STREAMING_REQ") == "stop"
     with pytest.raises(ValueError, match="status"):
         impl.finish_reason("FINISHED_LENGTH")  # not a status in vLLM or mini_vllm
 
 
-def _oracle(stream, sp, num_prompt_tokens, max_model_len):
+def _oracle(stream, sp, num_prompt_tokens, max_model_len, eos):
     """mini_vllm's own Request.maybe_finish, driven the same way."""
-    r = Request("oracle", [65] * num_prompt_tokens, sp, EOS)
+    r = Request("oracle", [65] * num_prompt_tokens, sp, eos)
     r.status = RequestStatus.RUNNING
     for t in stream:
         r.append_output_token(t)
@@ -110,23 +169,24 @@ def _oracle(stream, sp, num_prompt_tokens, max_model_len):
     return r.output_token_ids, r.status, r.stop_reason
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(
-    stream=st.lists(st.sampled_from([97, 98, 10, EOS, 0xC3, 0xA9]), max_size=14),
+    stream=st.lists(st.sampled_from([65, 97, 98, 10, EOS, 0xC3, 0xA9]), max_size=14),
     max_tokens=st.integers(1, 12),
     ignore_eos=st.booleans(),
-    stop=st.one_of(st.none(), st.lists(st.sampled_from(["ab", "b\n", "\n\n", "é", "aé", "bb"]),
+    stop=st.one_of(st.none(), st.lists(st.sampled_from(["ab", "b\n", "\n\n", "é", "aé", "bb", "Ab"]),
                                        min_size=1, max_size=2)),
     num_prompt_tokens=st.integers(1, 4),
     max_model_len=st.one_of(st.none(), st.integers(5, 16)),
+    eos=st.sampled_from([EOS, 98]),
 )
 def test_agrees_with_mini_vllm_on_random_streams(stream, max_tokens, ignore_eos, stop,
-                                                  num_prompt_tokens, max_model_len):
+                                                  num_prompt_tokens, max_model_len, eos):
     sp = params(max_tokens=max_tokens, ignore_eos=ignore_eos, stop=stop)
-    r = impl.run_until_stop(stream, sp, num_prompt_tokens=num_prompt_tokens,
+    r = impl.run_until_stop(stream, sp, eos_token_id=eos, num_prompt_tokens=num_prompt_tokens,
                             max_model_len=max_model_len)
     assert (r.output_token_ids, r.status, r.stop_reason) == _oracle(
-        stream, sp, num_prompt_tokens, max_model_len)
+        stream, sp, num_prompt_tokens, max_model_len, eos)
 
 
 def test_engine_reports_the_same_reasons_end_to_end():

@@ -50,9 +50,10 @@ class KVCacheBlock:
     next_free_block: KVCacheBlock | None = None
 
     def reset_hash(self) -> None:
-        """Forget the content hash (the block is about to hold other tokens).
+        """Forget the content hash: afterwards ``block_hash is None``.
 
-        Recipe: one line. Called when the block is evicted from the prefix cache.
+        Called when the block is evicted from the prefix cache and is about to hold
+        other tokens. Touches nothing else.
         """
         raise NotImplementedError("KVCacheBlock.reset_hash: not implemented yet")
 
@@ -61,7 +62,14 @@ class KVCacheBlock:
 
 
 class FreeKVCacheBlockQueue:
-    """Free blocks, head = next to be evicted, linked through the blocks themselves."""
+    """Free blocks, head = next to be evicted, linked through the blocks themselves.
+
+    Representation (given): two sentinels, ``fake_free_list_head`` and
+    ``fake_free_list_tail``, with every queued block between them, linked both ways
+    by ``prev_free_block`` / ``next_free_block``; ``num_free_blocks`` counts the
+    queued blocks. Invariant after every method: a block is in the queue exactly
+    when both its links are set, and a block outside the queue has both links None.
+    """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self.fake_free_list_head = KVCacheBlock(-1)
@@ -76,74 +84,64 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks = len(blocks)
 
     def popleft(self) -> KVCacheBlock:
-        """Unlink and return the head block. ValueError when the queue is empty.
+        """Unlink and return the head block (the next eviction candidate).
 
-        Recipe: the head is ``self.fake_free_list_head.next_free_block``; if that is
-        the tail sentinel the queue is empty: raise ValueError. Otherwise
-        ``self.remove(first)`` and return it.
+        Raises ValueError when the queue is empty.
         """
         raise NotImplementedError("FreeKVCacheBlockQueue.popleft: not implemented yet")
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """The first ``n`` blocks, in order, relinking the head once.
+        """Unlink and return the first ``n`` blocks, head first; ``n == 0`` gives ``[]``.
 
-        Recipe: ValueError if ``n > self.num_free_blocks``. Walk ``n`` blocks from the
-        head, collecting them and clearing both links of each; then point the head
-        sentinel at the block after the last one taken (and that block back at the
-        head). Subtract ``n`` from ``num_free_blocks``. ``n == 0`` returns ``[]``.
+        The returned blocks carry no links; the queue that is left is well formed.
+        Raises ValueError when ``n`` exceeds ``num_free_blocks``.
         """
         raise NotImplementedError("FreeKVCacheBlockQueue.popleft_n: not implemented yet")
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink ``block`` from wherever it sits, touching only its two neighbours.
+        """Unlink ``block`` from wherever it sits in the queue, in O(1).
 
-        Recipe (the reason this class exists; O(1), no walking):
-          1. ``before, after = block.prev_free_block, block.next_free_block``; if either
-             is None the block is not in the queue: raise RuntimeError.
-          2. Link ``before`` and ``after`` to each other; set both of the block's links
-             to None; ``num_free_blocks -= 1``.
+        Must not walk the list: a prefix-cache hit on a free block calls this for a
+        block in the middle. Afterwards both of the block's links are None and
+        ``num_free_blocks`` is one lower. Raises RuntimeError for a block that is not
+        in the queue.
         """
         raise NotImplementedError("FreeKVCacheBlockQueue.remove: not implemented yet")
 
     def append(self, block: KVCacheBlock) -> None:
-        """Link ``block`` in just before the tail sentinel.
-
-        Recipe: the current last block is ``self.fake_free_list_tail.prev_free_block``
-        (the head sentinel when empty: no special case needed). Link the block
-        between it and the tail sentinel; ``num_free_blocks += 1``.
-        """
+        """Link ``block`` in at the tail (the last to be evicted); the count grows by one."""
         raise NotImplementedError("FreeKVCacheBlockQueue.append: not implemented yet")
 
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Append each block in order.
-
-        Recipe: ``append`` each block, in the order given (it may be a generator).
-        """
+        """Append every block, keeping the given order (``blocks`` may be a generator)."""
         raise NotImplementedError("FreeKVCacheBlockQueue.append_n: not implemented yet")
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """Head to tail. O(n): for tests and for reading the eviction order.
-
-        Recipe: start at the head sentinel's next block and follow ``next_free_block``
-        until you reach the tail sentinel.
-        """
+        """The queued blocks, head to tail, sentinels excluded. O(n), for tests and reading."""
         raise NotImplementedError("FreeKVCacheBlockQueue.get_all_free_blocks: not implemented yet")
 
 
 def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """SHA-256 of the parent's hash (empty for the first block) and the token ids.
+    """The 32-byte SHA-256 digest that names a whole prefix ending in this block.
 
-    Recipe:
-      1. ``digest = hashlib.sha256(parent_block_hash or b"")``.
-      2. Feed it the token ids as bytes: ``struct.pack(f"<{len(token_ids)}q", *token_ids)``.
-      3. Return ``digest.digest()`` (32 bytes). Why the parent: the same four
-         tokens after a different prefix have different K/V, so they must not hit.
+    Input to the hash: the parent block's digest (nothing for the first block),
+    then ``token_ids`` as little-endian signed 64-bit integers. Deterministic, and
+    byte-for-byte equal to ``mini_vllm.block_pool.hash_block_tokens``, because
+    ``Request.block_hashes`` (which the pool indexes) are computed with that one.
+    Equal tokens after different parents must hash differently.
     """
     raise NotImplementedError("hash_block_tokens: not implemented yet")
 
 
 class BlockPool:
-    """All blocks of the KV cache, the free queue, and the prefix-cache index."""
+    """All blocks of the KV cache, the free queue, and the prefix-cache index.
+
+    Given: ``blocks`` (index = block_id), ``free_block_queue`` (all blocks but the
+    null block, in id order), ``null_block`` (block 0, never handed out, its
+    ``ref_cnt`` not maintained) and ``cached_block_hash_to_block``
+    (hash -> {block_id: block}, insertion-ordered). Invariants I1-I4 of the module
+    docstring hold after every public method.
+    """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 2:
@@ -161,10 +159,9 @@ class BlockPool:
         self.null_block.is_null = True
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """Any block holding this prefix (the first one cached), or None.
+        """The first block cached under ``block_hash`` that is still indexed, or None.
 
-        Recipe: look the hash up in ``self.cached_block_hash_to_block``; missing or
-        empty -> None; else the first block of the inner dict (insertion order).
+        Free cached blocks count: they can be hit until an allocation evicts them.
         """
         raise NotImplementedError("BlockPool.get_cached_block: not implemented yet")
 
@@ -176,67 +173,58 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
     ) -> None:
-        """Hash ``blocks[num_cached_blocks:num_full_blocks]`` from ``request.block_hashes``.
+        """Give ``blocks[i]`` the hash ``request.block_hashes[i]`` and index it, for each
+        ``i`` in ``[num_cached_blocks, num_full_blocks)``.
 
-        Recipe:
-          1. ValueError if ``len(request.block_hashes) < num_full_blocks``.
-          2. For ``i`` in ``range(num_cached_blocks, num_full_blocks)``: skip the null
-             block; the block must have no hash yet (assert it: I3 and I2 say a hash is
-             set once, when the block fills); set ``block.block_hash =
-             request.block_hashes[i]`` and add it to the index:
-             ``self.cached_block_hash_to_block.setdefault(h, {})[block.block_id] = block``.
+        Blocks before ``num_cached_blocks`` already carry their hash; a block in the
+        range must not have one yet. The null block is skipped (never hashed, never
+        indexed). A second block with an already-indexed hash is indexed next to the
+        first, never merged with it (I2). Raises ValueError, before changing anything,
+        when ``request.block_hashes`` has fewer than ``num_full_blocks`` entries.
+        ``block_size`` is part of the upstream signature and not needed here.
         """
         raise NotImplementedError("BlockPool.cache_full_blocks: not implemented yet")
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take ``num_blocks`` from the head of the free queue, each with ref_cnt 1.
+        """Take ``num_blocks`` blocks from the head of the free queue, in queue order.
 
-        Recipe:
-          1. ValueError if ``num_blocks > self.get_num_free_blocks()``.
-          2. ``self.free_block_queue.popleft_n(num_blocks)``.
-          3. For each block: with caching on, ``self._maybe_evict_cached_block(block)``
-             (lazy eviction happens here, and only here); assert ``ref_cnt == 0``
-             (I1); set ``ref_cnt = 1``. Return the list.
+        Each comes back with ``ref_cnt == 1`` and no hash: with caching on, a block
+        that still held a cached prefix is evicted from the index on the way out
+        (lazy eviction happens here and only here); with caching off, hashes are not
+        looked at. Raises ValueError when fewer than ``num_blocks`` blocks are free.
         """
         raise NotImplementedError("BlockPool.get_new_blocks: not implemented yet")
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
-        """Drop ``block`` from the index and clear its hash; False if it had none.
+        """Forget ``block``'s cached prefix. Returns False if it had no hash, else True.
 
-        Recipe: no hash -> return False. Otherwise remove ``block.block_id`` from the
-        inner dict of its hash (delete the hash's entry when the dict empties),
-        ``block.reset_hash()`` and return True.
+        Only this block leaves the index; other blocks cached under the same hash
+        stay findable, and a hash with no block left disappears from the index.
         """
         raise NotImplementedError("BlockPool._maybe_evict_cached_block: not implemented yet")
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """One more reference each; a block at ref_cnt 0 first leaves the free queue.
+        """Add one reference to each block (a request starts using a cache hit).
 
-        Recipe: for each block, if ``ref_cnt == 0`` and it is not the null block it is
-        sitting in the free queue as an eviction candidate: ``remove`` it (O(1),
-        from the middle). Then ``ref_cnt += 1``.
+        A block that was free (``ref_cnt == 0``) leaves the free queue, from
+        wherever it sits, keeping its hash. The null block is never in the queue.
         """
         raise NotImplementedError("BlockPool.touch: not implemented yet")
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """One reference fewer each; blocks that reach 0 join the queue tail in the given order.
+        """Drop one reference from each block (``ordered_blocks`` may be a generator).
 
-        Recipe: materialise the iterable (``list(...)``), decrement every ``ref_cnt``,
-        then ``append_n`` the blocks that reached 0 (not the null block), keeping the
-        given order: the caller's order IS the eviction order.
+        Blocks that reach 0 join the tail of the free queue in exactly the order
+        given: the caller's order is the eviction order. Hashes are kept (eviction is
+        lazy). The null block never joins the queue.
         """
         raise NotImplementedError("BlockPool.free_blocks: not implemented yet")
 
     def get_num_free_blocks(self) -> int:
-        """Blocks a request could be given now, evictable cached ones included.
-
-        Recipe: the queue already counts them.
-        """
+        """Blocks a request could be given now, evictable cached ones included."""
         raise NotImplementedError("BlockPool.get_num_free_blocks: not implemented yet")
 
     def get_usage(self) -> float:
-        """Share of the usable blocks (all but the null block) held by requests.
-
-        Recipe: ``1 - free / (num_blocks - 1)``: the null block is never usable.
-        """
+        """Share of the usable blocks (every block but the null block) held by requests:
+        0.0 when all are free, 1.0 when none is."""
         raise NotImplementedError("BlockPool.get_usage: not implemented yet")

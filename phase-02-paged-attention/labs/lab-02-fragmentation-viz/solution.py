@@ -13,7 +13,7 @@ count admissions, rejections and wasted slots. ``occupancy`` turns a pool into
 a per-slot picture; ``python solution.py [out.png]`` draws it.
 
 upstream: vllm/v1/core/block_pool.py:333 BlockPool.get_new_blocks
-upstream: vllm/v1/core/single_type_kv_cache_manager.py:120 (cdiv(num_tokens, block_size))
+upstream: vllm/v1/core/single_type_kv_cache_manager.py:120 num_required_blocks (cdiv(num_tokens, block_size))
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ count admissions, rejections and wasted slots. ``occupancy`` turns a pool into
 a per-slot picture; ``python solution.py [out.png]`` draws it.
 
 upstream: vllm/v1/core/block_pool.py:333 BlockPool.get_new_blocks
-upstream: vllm/v1/core/single_type_kv_cache_manager.py:120 (cdiv(num_tokens, block_size))
+upstream: vllm/v1/core/single_type_kv_cache_manager.py:120 num_required_blocks (cdiv(num_tokens, block_size))
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ class AdmitResult:
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size).
+    """The fewest blocks of ``block_size`` slots that hold ``num_tokens`` tokens.
 
-    Recipe: ValueError naming ``block_size`` if it is < 1, naming ``num_tokens``
-    if it is < 0; then ceiling division in integers (``-(-a // b)``), no floats.
+    Exact for any size of integer (0 tokens need 0 blocks). Raises ValueError
+    naming ``block_size`` when it is < 1, and naming ``num_tokens`` when it is < 0.
     """
     raise NotImplementedError("blocks_needed: ceiling division")
 
@@ -63,12 +63,13 @@ class ContiguousPool:
         return runs
 
     def allocate(self, num_slots: int) -> int | None:
-        """Reserve ``num_slots`` contiguous slots at the lowest address that fits.
+        """Reserve ``num_slots`` contiguous slots; return the start address, or None.
 
-        Recipe: ValueError if ``num_slots < 1``. Walk ``self.free_runs()`` (address
-        order); the first run with ``length >= num_slots`` wins: record
-        ``self.extents[start] = num_slots`` and return ``start``. No run fits:
-        return None (a rejection, not an error).
+        First fit: the reservation goes at the lowest address whose free run is long
+        enough, even if a later run would fit more tightly. Afterwards
+        ``self.extents[start] == num_slots``. Nothing fits: None, and nothing changes
+        (a rejection, not an error). Raises ValueError naming ``num_slots`` when it
+        is < 1.
         """
         raise NotImplementedError("ContiguousPool.allocate: first fit")
 
@@ -97,12 +98,10 @@ class PagedPool:
         self.free_list: list[int] = list(range(self.num_blocks))
 
     def allocate(self, num_tokens: int) -> list[int] | None:
-        """Blocks for ``num_tokens`` tokens, or None if too few are free.
+        """Take the block ids that ``num_tokens`` tokens need out of ``self.free_list``.
 
-        Recipe: ``need = blocks_needed(num_tokens, self.block_size)``; if more than
-        ``len(self.free_list)``, return None; else take the first ``need`` ids off
-        the front of ``self.free_list`` and return them. Which ids you get does
-        not matter to the request: that is the point of paging.
+        Returns them (any ids will do: that is the point of paging), or None when
+        fewer are free, leaving the free list unchanged.
         """
         raise NotImplementedError("PagedPool.allocate: take blocks from the free list")
 
@@ -114,25 +113,30 @@ class PagedPool:
 
 
 def contiguous_admit(used_lens: list[int], total_slots: int, max_len: int) -> AdmitResult:
-    """Admit arrivals in order; each reserves ``max_len`` contiguous slots.
+    """Run the arrivals, in order, through one fresh ``ContiguousPool(total_slots)``.
 
-    Recipe:
-      1. ValueError naming ``max_len`` if it is < 1 or any used length is outside
-         ``[1, max_len]``.
-      2. One ``ContiguousPool(total_slots)``. For each arrival ``u``: try
-         ``allocate(max_len)``; None counts a rejection; otherwise count an
-         admission, ``u`` used slots and ``max_len - u`` wasted ones.
-      3. Return ``AdmitResult(admitted, rejected, used_slots, wasted_slots)``.
+    ``used_lens[i]`` is how many tokens arrival ``i`` ends up holding; each arrival
+    reserves ``max_len`` contiguous slots, since its length is unknown on arrival.
+    Nothing is freed. An arrival that does not fit is rejected, not an error.
+    Returns the counts: admitted, rejected, slots holding tokens, and slots
+    reserved by admitted requests but holding nothing.
+
+    Raises ValueError naming ``max_len`` when it is < 1, and naming the used
+    length when any is outside ``[1, max_len]``.
     """
     raise NotImplementedError("contiguous_admit: reserve the worst case")
 
 
 def paged_admit(used_lens: list[int], total_slots: int, block_size: int) -> AdmitResult:
-    """Admit arrivals in order; each takes ceil(used / block_size) blocks from anywhere.
+    """Run the arrivals, in order, through one fresh ``PagedPool(total_slots, block_size)``.
 
-    Recipe: ValueError if any used length is < 1. One ``PagedPool``; for each
-    arrival ``u``: ``allocate(u)``; None is a rejection; otherwise the waste is
-    ``len(blocks) * block_size - u`` (only the tail block can be partly empty).
+    Each arrival takes only the blocks its ``used_lens[i]`` tokens need, from
+    anywhere in the pool. Nothing is freed; an arrival that does not fit is
+    rejected. Returns the same four counts as ``contiguous_admit``; the waste of an
+    admitted request is the empty part of its blocks (below ``block_size``).
+
+    Raises ValueError naming the used length when any is < 1, and naming
+    ``block_size`` when it is < 1.
     """
     raise NotImplementedError("paged_admit: take only the blocks the tokens need")
 

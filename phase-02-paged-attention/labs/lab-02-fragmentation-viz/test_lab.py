@@ -70,6 +70,26 @@ def test_first_fit_reuses_the_lowest_hole():
     assert pool.allocate(150) == 200
 
 
+def test_first_fit_takes_the_lowest_hole_even_when_a_later_one_fits_tighter():
+    pool = impl.ContiguousPool(1000)
+    assert [pool.allocate(n) for n in (300, 100, 200, 400)] == [0, 300, 400, 600]
+    pool.free(0)    # a 300-slot hole at address 0
+    pool.free(400)  # a 200-slot hole at address 400
+    # best fit would choose the tighter hole at 400; first fit takes the lowest address
+    assert pool.allocate(150) == 0
+    assert pool.free_runs() == [(150, 150), (400, 200)]
+
+
+def test_first_fit_takes_the_lowest_hole_even_when_a_later_one_is_larger():
+    pool = impl.ContiguousPool(1000)
+    assert [pool.allocate(n) for n in (200, 100, 300, 400)] == [0, 200, 300, 600]
+    pool.free(0)    # 200 slots at 0
+    pool.free(300)  # 300 slots at 300
+    assert pool.allocate(200) == 0  # an exact fit is a fit
+    assert pool.allocate(250) == 300
+    assert pool.allocate(50) == 550 and pool.allocate(1) is None
+
+
 def test_external_fragmentation_blocks_contiguous_but_not_paged():
     demo = impl.external_fragmentation_demo()
     assert demo == {
@@ -118,6 +138,32 @@ def test_bad_parameters_raise_value_errors_that_name_them():
         impl.contiguous_admit([600], TOTAL, MAX_LEN)
     with pytest.raises(ValueError, match="total_slots"):
         impl.ContiguousPool(0)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: impl.blocks_needed(-1, 16), "num_tokens"),
+    (lambda: impl.blocks_needed(16, -4), "block_size"),
+    (lambda: impl.ContiguousPool(100).allocate(0), "num_slots"),
+    (lambda: impl.contiguous_admit([32], TOTAL, 0), "max_len"),
+    (lambda: impl.contiguous_admit([], TOTAL, 0), "max_len"),  # checked even with no arrivals
+    (lambda: impl.contiguous_admit([32, 0, 32], TOTAL, MAX_LEN), "used length"),
+    (lambda: impl.paged_admit([32, 0], TOTAL, BLOCK), "used length"),
+    (lambda: impl.paged_admit([32], TOTAL, 0), "block_size"),
+])
+def test_every_promised_value_error_is_raised(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_boundary_lengths_are_accepted():
+    assert impl.blocks_needed(0, 16) == 0
+    assert [impl.blocks_needed(n, 16) for n in (1, 15, 16, 17, 32, 33)] == [1, 1, 1, 2, 2, 3]
+    tiny = impl.contiguous_admit([1, 1, 1], 2, 1)  # max_len 1 is allowed
+    assert (tiny.admitted, tiny.rejected, tiny.wasted_slots) == (2, 1, 0)
+    full = impl.contiguous_admit([MAX_LEN, 1], TOTAL, MAX_LEN)  # a request may fill its reservation
+    assert (full.admitted, full.used_slots, full.wasted_slots) == (2, 513, 511)
+    exact = impl.paged_admit([48, 48], 96, BLOCK)  # the second takes the last 3 blocks
+    assert (exact.admitted, exact.rejected, exact.wasted_slots) == (2, 0, 0)
 
 
 def test_plot_writes_a_png(tmp_path):

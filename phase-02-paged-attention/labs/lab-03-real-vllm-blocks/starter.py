@@ -60,42 +60,36 @@ class KVSpec:
 def kv_spec_from_hf_config(config: dict, dtype_bytes: int = 2) -> KVSpec:
     """Read layers, KV heads and head_dim from a Hugging Face config dict.
 
-    ``num_key_value_heads`` defaults to ``num_attention_heads`` (no GQA);
-    ``head_dim`` defaults to ``hidden_size // num_attention_heads``.
+    A missing or null ``num_key_value_heads`` means no GQA (as many KV heads as
+    attention heads); a missing or null ``head_dim`` means ``hidden_size`` split
+    evenly over the attention (query) heads. Returns a ``KVSpec`` carrying
+    ``dtype_bytes``.
 
-    Recipe:
-      1. Read ``num_hidden_layers`` and ``num_attention_heads``; a missing key is a
-         ValueError whose message names the key.
-      2. ``num_key_value_heads`` if present and truthy, else the attention heads.
-      3. ``head_dim`` if present and truthy, else ``hidden_size // heads``.
-      4. ValueError naming ``dtype_bytes`` unless it is 1, 2 or 4.
+    Raises ValueError naming the key when ``num_hidden_layers`` or
+    ``num_attention_heads`` is missing, and naming ``dtype_bytes`` unless it is
+    1, 2 or 4.
     """
     raise NotImplementedError("kv_spec_from_hf_config: not implemented yet")
 
 
 def kv_bytes_per_token(spec: KVSpec) -> int:
-    """K and V, every layer: 2 * layers * kv_heads * head_dim * dtype_bytes.
-
-    Recipe: one line; multiply the four fields of ``spec`` by 2 (K and V).
-    """
+    """Bytes of KV cache one token occupies: its K and its V, in every layer."""
     raise NotImplementedError("kv_bytes_per_token: not implemented yet")
 
 
 def page_size_bytes(spec: KVSpec, block_size: int) -> int:
-    """Bytes of one block in ONE layer (upstream's per-layer page size).
+    """Bytes of one block in ONE layer: K and V of ``block_size`` tokens.
 
-    Recipe: ValueError naming ``block_size`` if it is < 1; else
-    ``2 * block_size * num_kv_heads * head_dim * dtype_bytes`` (no layer factor:
-    upstream keeps one tensor per layer and sizes pages per layer).
+    Upstream keeps one KV tensor per layer and sizes pages per layer, so there is
+    no layer factor here. Raises ValueError naming ``block_size`` when it is < 1.
     """
     raise NotImplementedError("page_size_bytes: not implemented yet")
 
 
 def requested_memory(total_bytes: int, gpu_memory_utilization: float) -> int:
-    """The share of the card vLLM may use: ceil(total * utilization).
+    """The bytes of the card vLLM may use: ``total * utilization``, rounded up.
 
-    Recipe: ValueError naming ``gpu_memory_utilization`` unless ``0 < u <= 1``;
-    then ``math.ceil(total_bytes * u)``.
+    Raises ValueError naming ``gpu_memory_utilization`` unless it is in (0, 1].
     """
     raise NotImplementedError("requested_memory: not implemented yet")
 
@@ -108,50 +102,46 @@ def available_kv_memory(
     non_torch_bytes: int = 0,
     cudagraph_bytes: int = 0,
 ) -> int:
-    """Requested memory minus everything that is not KV cache.
+    """The bytes left for KV blocks: the requested memory minus every non-KV cost
+    (weights, peak activations, non-torch memory, the CUDA-graph estimate).
 
-    Raises ValueError (naming gpu_memory_utilization) when nothing is left.
-
-    Recipe: ``requested_memory(...)`` minus weights, peak activations and
-    non-torch bytes, minus the CUDA-graph estimate. If the result is <= 0, raise
-    ValueError and say to raise ``gpu_memory_utilization`` (name it).
+    Raises ValueError naming ``gpu_memory_utilization`` when nothing is left
+    (zero bytes included): the fix is a higher utilization or a smaller model.
     """
     raise NotImplementedError("available_kv_memory: not implemented yet")
 
 
 def num_gpu_blocks(available_bytes: int, spec: KVSpec, block_size: int) -> int:
-    """available // page_size // num_layers, as upstream's get_num_blocks.
+    """How many whole blocks (each spanning every layer) fit in ``available_bytes``.
 
-    Recipe: ``available_bytes // page_size_bytes(spec, block_size) // spec.num_layers``,
-    floored at 0. Two integer divisions, in that order, as upstream does.
+    Integer arithmetic as upstream's ``get_num_blocks``; never negative.
     """
     raise NotImplementedError("num_gpu_blocks: not implemented yet")
 
 
 def max_concurrency(num_blocks: int, max_model_len: int, block_size: int) -> float:
-    """How many max-length requests fit at once: blocks / cdiv(max_model_len, block_size).
+    """How many requests of ``max_model_len`` tokens fit in ``num_blocks`` at once, as a
+    float: blocks over the blocks one such request needs (a partial block counts whole).
 
-    Recipe: ValueError naming ``max_model_len`` if it is < 1; blocks per max-length
-    request is ``cdiv(max_model_len, block_size)`` (write ``-(-a // b)``); return
-    ``num_blocks`` divided by that, as a float.
+    Raises ValueError naming ``max_model_len`` when it is < 1.
     """
     raise NotImplementedError("max_concurrency: not implemented yet")
 
 
 def kv_cache_size_tokens(num_blocks: int, max_model_len: int, block_size: int) -> int:
-    """The token count the startup log prints: int(max_concurrency * max_model_len).
-
-    Recipe: ``int(max_concurrency(...) * max_model_len)``.
-    """
+    """The token count the startup log prints, computed as upstream does: the maximum
+    concurrency times ``max_model_len``, truncated to an integer (not rounded, and not
+    ``num_blocks * block_size``, which differs when ``max_model_len`` is not a multiple
+    of ``block_size``)."""
     raise NotImplementedError("kv_cache_size_tokens: not implemented yet")
 
 
 def startup_log_lines(num_blocks: int, max_model_len: int, block_size: int) -> list[str]:
-    """The two lines _report_kv_cache_config logs, with upstream's format strings.
+    """The two lines upstream's ``_report_kv_cache_config`` logs, character for character:
 
-    Recipe: format the two lines with upstream's format strings:
-    ``"GPU KV cache size: %s tokens" % f"{tokens:,}"`` and
-    ``"Maximum concurrency for %s tokens per request: %.2fx" % (f"{max_model_len:,}", conc)``.
+    ``GPU KV cache size: 140,608 tokens`` and
+    ``Maximum concurrency for 2,048 tokens per request: 68.66x`` (thousands separators,
+    two decimals).
     """
     raise NotImplementedError("startup_log_lines: not implemented yet")
 
@@ -165,11 +155,11 @@ _LOG_PATTERNS = {
 
 
 def parse_kv_log(text: str) -> dict[str, float]:
-    """Pull the KV-capacity numbers out of a vLLM startup log (any lines it finds).
+    """Pull the KV-capacity numbers out of a vLLM startup log.
 
-    Recipe: for each ``(key, pattern)`` in ``_LOG_PATTERNS``, ``pattern.search(text)``;
-    on a match store ``float(group(1))`` with the thousands commas removed.
-    Keys that do not match are left out.
+    Returns a dict with a float for each key of ``_LOG_PATTERNS`` whose line appears
+    anywhere in ``text`` (after a log prefix too), thousands separators removed;
+    keys whose line is absent are left out.
     """
     raise NotImplementedError("parse_kv_log: not implemented yet")
 
@@ -178,15 +168,11 @@ def expected_prefix_hit_rate(prompt_len: int, num_requests: int, block_size: int
     """Token hit rate when ``num_requests`` identical prompts arrive together.
 
     The first request computes everything. Each later one can reuse only full
-    blocks, and at most ``prompt_len - 1`` tokens (the last token is always
-    recomputed to get logits), so it hits ``block_size * ((prompt_len - 1) //
-    block_size)`` tokens. vLLM counts hits and queries in tokens.
+    blocks, and never its last prompt token (it is always recomputed to get
+    logits). vLLM counts hits and queries in tokens: the result is hit tokens over
+    all prompt tokens of all requests, in [0, 1).
 
-    Recipe:
-      1. ValueError if any argument is < 1.
-      2. Each request after the first hits ``block_size * ((prompt_len - 1) // block_size)``
-         tokens; the first hits none.
-      3. Return total hits / total queried tokens (``num_requests * prompt_len``).
+    Raises ValueError (naming them) when any argument is < 1.
     """
     raise NotImplementedError("expected_prefix_hit_rate: not implemented yet")
 

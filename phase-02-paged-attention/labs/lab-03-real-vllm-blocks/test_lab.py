@@ -59,6 +59,23 @@ def test_config_defaults_without_gqa_or_head_dim():
         impl.kv_spec_from_hf_config({"num_attention_heads": 4, "hidden_size": 64})
 
 
+def test_config_fields_written_as_null_fall_back_to_their_defaults():
+    # some published configs spell an absent field as null rather than leaving it out
+    spec = impl.kv_spec_from_hf_config({"num_hidden_layers": 3, "num_attention_heads": 8,
+                                        "num_key_value_heads": None, "head_dim": None,
+                                        "hidden_size": 512})
+    assert (spec.num_kv_heads, spec.head_dim) == (8, 64)
+
+
+def test_gqa_config_without_head_dim_divides_by_attention_heads():
+    # 4:1 GQA, no explicit head_dim: head_dim comes from the query heads, not the KV heads
+    spec = impl.kv_spec_from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 16,
+                                        "num_key_value_heads": 4, "hidden_size": 1024},
+                                       dtype_bytes=1)
+    assert (spec.num_kv_heads, spec.head_dim, spec.dtype_bytes) == (4, 64, 1)
+    assert impl.kv_bytes_per_token(spec) == 2 * 2 * 4 * 64 * 1
+
+
 def test_page_size_is_per_layer_and_blocks_divide_by_layers():
     spec = impl.kv_spec_from_hf_config(impl.MODEL_CONFIGS["facebook/opt-125m"])
     assert impl.page_size_bytes(spec, 16) == 49_152  # 2 * 16 * 12 * 64 * 2
@@ -75,6 +92,51 @@ def test_requested_memory_rounds_up_and_validates_utilization():
             impl.requested_memory(24 * GiB, bad)
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         impl.available_kv_memory(4 * GiB, 0.1, weights_bytes=GiB, peak_activation_bytes=GiB)
+    assert impl.requested_memory(7, 1.0) == 7  # utilization 1 is allowed
+
+
+def test_available_memory_subtracts_every_cost_and_rejects_exactly_zero():
+    costs = {"weights_bytes": 100, "peak_activation_bytes": 20, "non_torch_bytes": 3,
+             "cudagraph_bytes": 7}
+    assert impl.available_kv_memory(1000, 0.5, **costs) == 500 - 130
+    assert impl.available_kv_memory(261, 1.0, **costs) == 131
+    assert impl.available_kv_memory(131, 1.0, **costs) == 1
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        impl.available_kv_memory(130, 1.0, **costs)  # 0 bytes left is no KV cache at all
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: impl.kv_spec_from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                          "hidden_size": 64}, dtype_bytes=3), "dtype_bytes"),
+    (lambda: impl.page_size_bytes(impl.KVSpec(1, 1, 8), 0), "block_size"),
+    (lambda: impl.max_concurrency(10, 0, 16), "max_model_len"),
+    (lambda: impl.expected_prefix_hit_rate(0, 8, 16), "prompt_len"),
+    (lambda: impl.expected_prefix_hit_rate(32, 0, 16), "num_requests"),
+    (lambda: impl.expected_prefix_hit_rate(32, 8, 0), "block_size"),
+])
+def test_every_promised_value_error_is_raised(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_smallest_allowed_values_are_accepted():
+    spec = impl.KVSpec(num_layers=1, num_kv_heads=2, head_dim=4, dtype_bytes=4)
+    assert impl.page_size_bytes(spec, 1) == 2 * 1 * 2 * 4 * 4
+    assert impl.max_concurrency(5, 1, 16) == 5.0  # a 1-token request still needs a block
+    assert impl.expected_prefix_hit_rate(1, 8, 16) == 0.0
+    assert impl.expected_prefix_hit_rate(17, 1, 16) == 0.0  # one request: nobody to share with
+    assert impl.expected_prefix_hit_rate(3, 2, 1) == 2 / 6  # block size 1: all but the last token
+    fp32 = impl.kv_spec_from_hf_config({"num_hidden_layers": 1, "num_attention_heads": 2,
+                                        "hidden_size": 16}, dtype_bytes=4)
+    assert fp32.dtype_bytes == 4
+
+
+def test_sizes_and_block_counts_are_integers():
+    spec = impl.kv_spec_from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                        "hidden_size": 64})
+    assert type(spec.head_dim) is int and type(impl.kv_bytes_per_token(spec)) is int
+    blocks = impl.num_gpu_blocks(10 * GiB, spec, 16)
+    assert type(blocks) is int and blocks == 10 * GiB // (2 * 16 * 4 * 16 * 2) // 2
 
 
 def test_illustrative_opt_125m_capacity_at_two_utilizations():
@@ -100,6 +162,12 @@ def test_startup_lines_use_upstream_rounding():
                      "Maximum concurrency for 2,048 tokens per request: 68.66x"]
     assert impl.max_concurrency(8788, 2048, 16) == 68.65625
     assert impl.max_concurrency(100, 2047, 16) == 100 / 128  # cdiv, not floor
+
+
+def test_kv_cache_tokens_truncate_when_max_model_len_is_not_a_block_multiple():
+    # 100 blocks, max_model_len 2,045 -> 128 blocks per request, 100/128 * 2045 = 1597.66
+    assert impl.kv_cache_size_tokens(100, 2045, 16) == 1597  # int(), not round(), not 1,600
+    assert impl.startup_log_lines(100, 2045, 16)[0] == "GPU KV cache size: 1,597 tokens"
 
 
 def test_prefix_hit_rate_needs_prompts_longer_than_a_block():

@@ -20,7 +20,7 @@ On a machine without CUDA the kernel runs through Triton's interpreter
 
 upstream: vllm/v1/attention/ops/triton_decode_attention.py:60 _fwd_kernel_stage1
 upstream: vllm/v1/attention/ops/triton_unified_attention.py:179 kernel_unified_attention
-upstream: csrc/attention/attention_kernels.cuh:252 paged_attention_kernel (block_table read)
+upstream: csrc/attention/attention_kernels.cuh:252-253 physical_block_number (block_table read)
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ On a machine without CUDA the kernel runs through Triton's interpreter
 
 upstream: vllm/v1/attention/ops/triton_decode_attention.py:60 _fwd_kernel_stage1
 upstream: vllm/v1/attention/ops/triton_unified_attention.py:179 kernel_unified_attention
-upstream: csrc/attention/attention_kernels.cuh:252 paged_attention_kernel (block_table read)
+upstream: csrc/attention/attention_kernels.cuh:252-253 physical_block_number (block_table read)
 """
 from __future__ import annotations
 
@@ -115,21 +115,19 @@ def make_paged_inputs(
 
 
 def paged_decode_torch(q, k_cache, v_cache, block_tables, seq_lens):
-    """Reference decode attention; returns ``[num_seqs, num_heads, head_dim]`` in q's dtype.
+    """Reference decode attention, slow and obviously right: your debugger for the kernel.
 
-    Computes in float32: for each sequence, rows ``block_tables[i][t // bs] * bs
-    + t % bs`` for ``t < seq_lens[i]``, then softmax(q.K / sqrt(d)).V per head.
+    Shapes: ``q [num_seqs, num_heads, head_dim]``; ``k_cache`` and ``v_cache``
+    ``[num_blocks, block_size, num_kv_heads, head_dim]``; ``block_tables
+    [num_seqs, max_blocks]`` (int); ``seq_lens [num_seqs]``. Token ``t`` of sequence
+    ``i`` lives in physical block ``block_tables[i][t // block_size]`` at offset
+    ``t % block_size``. Query head ``h`` attends over KV head
+    ``h // (num_heads // num_kv_heads)`` (grouped-query attention).
 
-    Recipe (slow and obviously right; this is your debugger for the kernel):
-      1. View each cache as ``[num_blocks * block_size, num_kv_heads, head_dim]``,
-         in float32.
-      2. For sequence ``i`` with ``n = seq_lens[i]``: ``t = arange(n)``; slots =
-         ``block_tables[i].long()[t // bs] * bs + t % bs``; ``k = rows[slots]``.
-      3. Grouped-query attention: ``k.repeat_interleave(num_heads // num_kv_heads,
-         dim=1)`` (same for v) so query head h meets KV head h // group.
-      4. ``scores = einsum("hd,nhd->hn", q[i], k) / sqrt(head_dim)``;
-         ``softmax(scores, -1)``; ``einsum("hn,nhd->hd", p, v)``.
-      5. Return the stacked result cast to ``q.dtype``.
+    Returns ``softmax(q . K^T / sqrt(head_dim)) . V`` over the first ``seq_lens[i]``
+    tokens of each sequence, shape ``[num_seqs, num_heads, head_dim]``, computed in
+    float32 and returned in ``q``'s dtype. Slots past ``seq_lens[i]`` hold garbage
+    and must not matter; scores of any size must give a finite answer.
     """
     raise NotImplementedError("paged_decode_torch: gather through the table, then softmax")
 
@@ -146,28 +144,19 @@ if triton is not None:
         stride_os, stride_oh,
         GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     ):
-        """One program = one (sequence, query head). Write it in this order:
+        """One program per (sequence, query head): the grid is ``(num_seqs, num_heads)``.
 
-        1. ``seq = tl.program_id(0)``, ``head = tl.program_id(1)``,
-           ``kv_head = head // GROUP``, ``seq_len = tl.load(seq_lens_ptr + seq)``.
-        2. ``offs_t = tl.arange(0, BLOCK_SIZE)``, ``offs_d = tl.arange(0, HEAD_DIM)``;
-           load q (``q_ptr + seq * stride_qs + head * stride_qh + offs_d``) as fp32.
-        3. Online-softmax state: ``m = -float("inf")``, ``denom = 0.0``,
-           ``acc = tl.zeros([HEAD_DIM], dtype=tl.float32)``.
-        4. ``for logical in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):``
-           - ``physical = tl.load(block_tables_ptr + seq * stride_bt + logical)``
-             (cast to int64 before multiplying by a stride);
-           - ``valid = logical * BLOCK_SIZE + offs_t < seq_len`` (the tail mask);
-           - row offsets ``physical * stride_kb + offs_t[:, None] * stride_kt +
-             kv_head * stride_kh``, plus ``offs_d[None, :]``; load K with
-             ``mask=valid[:, None], other=0.0``;
-           - ``scores = sum(k * q) * scale``, then ``tl.where(valid, scores, -inf)``;
-           - ``m_new = max(m, max(scores))``, ``rescale = exp(m - m_new)``,
-             ``p = exp(scores - m_new)``; load V the same way;
-             ``acc = acc * rescale + sum(p[:, None] * v, 0)``;
-             ``denom = denom * rescale + sum(p)``; ``m = m_new``.
-        5. Store ``acc / denom`` cast to ``out_ptr.dtype.element_ty`` at
-           ``out_ptr + seq * stride_os + head * stride_oh + offs_d``.
+        Writes ``out[seq, head, :]`` = that head's decode attention, exactly what
+        ``paged_decode_torch`` computes, in ``out``'s dtype. Contract:
+
+        - K/V are read through the block table, one logical block at a time, and never
+          past ``seq_len`` (those slots hold poison); the full score row is never
+          materialised: keep a running max, a running sum and an fp32 accumulator.
+        - ``GROUP`` query heads share one KV head; ``BLOCK_SIZE`` and ``HEAD_DIM`` are
+          powers of two (``tl.arange`` needs them). The ``stride_*`` arguments are the
+          element strides of the named tensor dimensions (q: sequence, head; caches:
+          block, slot, KV head; block_tables: row; out: sequence, head).
+        - A physical block id times a stride can exceed 32 bits on a large cache.
         """
         raise NotImplementedError("_paged_decode_kernel: online softmax over table-indexed blocks")
 
@@ -180,23 +169,14 @@ def _is_power_of_two(n: int) -> bool:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens):
-    """Launch the Triton kernel; same contract as ``paged_decode_torch``.
+    """Launch the Triton kernel; same inputs, output and dtype as ``paged_decode_torch``.
 
-    Raises ValueError when ``block_size`` or ``head_dim`` is not a power of two,
-    when the heads do not divide evenly, or when a sequence length is outside
+    Exactly one launch of ``_paged_decode_kernel``, grid ``(num_seqs, num_heads)``; no
+    torch fallback. Raises RuntimeError when triton is missing, and ValueError naming
+    the parameter when ``block_size`` is not a power of two, when ``head_dim`` is not
+    a power of two or differs from the cache's, when ``num_heads`` is not a multiple
+    of ``num_kv_heads``, or when a sequence length is outside
     ``[1, block_tables.shape[1] * block_size]``.
-
-    Recipe:
-      1. RuntimeError if triton is None.
-      2. Validate in this order, each message naming the parameter: block_size
-         power of two (use ``_is_power_of_two``); head_dim power of two and equal
-         to the cache's; ``num_heads % num_kv_heads == 0`` (name ``num_kv_heads``);
-         every length in ``[1, block_tables.shape[1] * block_size]`` (name ``seq_lens``).
-      3. Make inputs contiguous; ``out = torch.empty_like(q)``.
-      4. ``_paged_decode_kernel[(num_seqs, num_heads)](...)`` with the pointers,
-         ``1 / sqrt(head_dim)``, the strides the kernel names (q: dims 0,1;
-         caches: dims 0,1,2; block_tables: dim 0; out: dims 0,1) and the
-         constexprs ``GROUP``, ``BLOCK_SIZE``, ``HEAD_DIM``. Return ``out``.
     """
     raise NotImplementedError("paged_decode_attention: validate, then launch the grid")
 
@@ -210,16 +190,15 @@ def decode_bytes_moved(
     dtype_bytes: int = 2,
     index_bytes: int = 4,
 ) -> int:
-    """The least traffic one decode step must move to and from GPU memory.
+    """The least traffic, in bytes, one decode step must move to and from GPU memory.
 
-    K and V of every cached token once (``2 * sum(seq_lens) * num_kv_heads *
-    head_dim * dtype_bytes``), q read and out written (``2 * num_seqs *
-    num_heads * head_dim * dtype_bytes``), one block-table entry per logical
-    block and one length per sequence (``index_bytes`` each).
+    Counts: K and V of every cached token, once (``dtype_bytes`` per value, KV heads
+    only); q read and the output written (query heads); one block-table entry per
+    logical block each sequence uses (a partly filled block counts) and one length
+    per sequence (``index_bytes`` each). Integer arithmetic.
 
-    Recipe: ValueError naming ``seq_lens`` if it is empty or holds a length < 1;
-    ValueError naming any other parameter that is < 1. Then add the four terms
-    above, in integers (``-(-s // block_size)`` blocks per sequence).
+    Raises ValueError naming ``seq_lens`` when it is empty or holds a length < 1, and
+    naming any other parameter that is < 1.
     """
     raise NotImplementedError("decode_bytes_moved: count the bytes a decode step must move")
 
@@ -227,8 +206,7 @@ def decode_bytes_moved(
 def bandwidth_fraction(bytes_moved: int, seconds: float, peak_bytes_per_s: float) -> float:
     """Achieved bandwidth (bytes / seconds) as a fraction of the card's peak.
 
-    Recipe: ValueError naming ``seconds`` if it is <= 0 and naming
-    ``peak_bytes_per_s`` if it is <= 0; then ``bytes_moved / seconds / peak``.
+    Raises ValueError naming ``seconds`` or ``peak_bytes_per_s`` when it is <= 0.
     """
     raise NotImplementedError("bandwidth_fraction: bytes / time / peak")
 

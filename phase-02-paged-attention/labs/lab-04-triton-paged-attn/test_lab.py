@@ -111,6 +111,73 @@ def test_multi_head_without_grouping_and_small_blocks():
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 2), (8, 1)])
+def test_gqa_maps_each_query_head_to_its_own_kv_head(num_heads, num_kv_heads):
+    """4:1 and 8:1 grouping: query head h reads KV head h // (num_heads // num_kv_heads)."""
+    import torch
+
+    q, kc, vc, tables, lens = impl.make_paged_inputs([11, 5], num_heads, num_kv_heads, 8,
+                                                     block_size=4, seed=11)
+    ref = impl.paged_decode_torch(q, kc, vc, tables, lens)
+    out = impl.paged_decode_attention(q, kc, vc, tables, lens)
+    group = num_heads // num_kv_heads
+    for i, n in enumerate(lens.tolist()):
+        k, v = contiguous_kv(kc, tables[i], n), contiguous_kv(vc, tables[i], n)
+        for h in range(num_heads):  # one head at a time, against its own KV head
+            kv = h // group
+            want = dense_decode(q[i, h:h + 1], k[:, kv:kv + 1], v[:, kv:kv + 1])[0]
+            torch.testing.assert_close(ref[i, h], want, rtol=0, atol=1e-5)
+            torch.testing.assert_close(out[i, h], want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.triton
+def test_large_scores_do_not_overflow_the_softmax():
+    """Scores in the hundreds: exp() of them overflows float32 unless the max is subtracted."""
+    import torch
+
+    q, kc, vc, tables, lens = impl.make_paged_inputs([20, 9], 2, 1, 16, block_size=8, seed=2)
+    q = q * 400.0  # scores around +-400 after the 1/sqrt(d) scale
+    scores = torch.einsum("hd,nd->hn", q[0].float(),
+                          contiguous_kv(kc, tables[0], 20)[:, 0].float()) / 4.0
+    assert scores.max().item() > 200  # far beyond float32's exp range (about 88)
+    ref = impl.paged_decode_torch(q, kc, vc, tables, lens)
+    out = impl.paged_decode_attention(q, kc, vc, tables, lens)
+    assert torch.isfinite(ref).all() and torch.isfinite(out).all()
+    for i, n in enumerate(lens.tolist()):
+        want = dense_decode(q[i], contiguous_kv(kc, tables[i], n), contiguous_kv(vc, tables[i], n))
+        torch.testing.assert_close(ref[i], want, rtol=0, atol=1e-4)
+        torch.testing.assert_close(out[i], want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.triton
+def test_reference_returns_the_query_dtype():
+    import torch
+
+    q, kc, vc, tables, lens = impl.make_paged_inputs([7], 2, 1, 8, block_size=4,
+                                                     dtype=torch.float16, seed=4)
+    assert impl.paged_decode_torch(q, kc, vc, tables, lens).dtype == torch.float16
+
+
+@pytest.mark.triton
+def test_launcher_accepts_non_contiguous_views():
+    """Strided views of every input (as slicing a bigger batch gives) must give the same output."""
+    import torch
+
+    q, kc, vc, tables, lens = impl.make_paged_inputs([9, 14], 4, 2, 8, block_size=4, seed=12)
+    want = impl.paged_decode_attention(q, kc, vc, tables, lens)
+    q_wide = torch.zeros(2, 4, 16)
+    q_wide[..., ::2] = q
+    kc_wide, vc_wide = torch.zeros(*kc.shape[:3], 16), torch.zeros(*vc.shape[:3], 16)
+    kc_wide[..., ::2], vc_wide[..., ::2] = kc, vc
+    tables_t = tables.t().contiguous().t()  # same values, column-major
+    lens_strided = torch.stack([lens, lens], 1)[:, 0]  # same values, stride 2
+    views = (q_wide[..., ::2], kc_wide[..., ::2], vc_wide[..., ::2], tables_t, lens_strided)
+    assert not any(x.is_contiguous() for x in views)
+    got = impl.paged_decode_attention(*views)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.triton
 def test_fp16_cache_with_fp32_accumulation_is_within_1e_2():
     import torch
 
@@ -129,7 +196,12 @@ def test_launcher_rejects_shapes_the_kernel_cannot_tile():
         impl.paged_decode_attention(q, kc[:, :3], vc[:, :3], tables, lens)
     with pytest.raises(ValueError, match="num_kv_heads"):
         impl.paged_decode_attention(q[:, :1].repeat(1, 3, 1), kc, vc, tables, lens)
+    with pytest.raises(ValueError, match="head_dim"):
+        impl.paged_decode_attention(q[..., :6], kc[..., :6], vc[..., :6], tables, lens)
     lens[0] = tables.shape[1] * 4 + 1
+    with pytest.raises(ValueError, match="seq_lens"):
+        impl.paged_decode_attention(q, kc, vc, tables, lens)
+    lens[0] = 0
     with pytest.raises(ValueError, match="seq_lens"):
         impl.paged_decode_attention(q, kc, vc, tables, lens)
 
@@ -170,6 +242,31 @@ def test_fraction_of_peak_uses_the_right_card():
         impl.bandwidth_fraction(moved, 0.0, 1e12)
     with pytest.raises(ValueError, match="seq_lens"):
         impl.decode_bytes_moved([], 8, 8, 64, 16)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: impl.decode_bytes_moved([4, 0], 8, 8, 64, 16), "seq_lens"),
+    (lambda: impl.decode_bytes_moved([4], 0, 8, 64, 16), "num_heads"),
+    (lambda: impl.decode_bytes_moved([4], 8, 0, 64, 16), "num_kv_heads"),
+    (lambda: impl.decode_bytes_moved([4], 8, 8, 64, 0), "block_size"),
+    (lambda: impl.bandwidth_fraction(100, -1.0, 1e12), "seconds"),
+    (lambda: impl.bandwidth_fraction(100, 1e-3, 0.0), "peak_bytes_per_s"),
+])
+def test_every_promised_value_error_is_raised(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_smallest_valid_inputs_are_accepted():
+    assert impl.decode_bytes_moved([1], 1, 1, 1, 1, dtype_bytes=1, index_bytes=1) == 2 + 2 + 1 + 1
+    assert impl.bandwidth_fraction(10, 4.0, 1.0) == 2.5  # true division, any positive peak
+    assert impl.bandwidth_fraction(3, 0.5, 0.5) == 12.0
+
+
+def test_one_block_exactly_full_needs_one_table_entry():
+    one = impl.decode_bytes_moved([16], 1, 1, 8, 16, dtype_bytes=2, index_bytes=4)
+    assert one == 2 * 16 * 8 * 2 + 2 * 8 * 2 + 1 * 4 + 4
+    assert impl.decode_bytes_moved([17], 1, 1, 8, 16) - one == 2 * 8 * 2 + 4  # one token, one entry
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ predict:
 
 upstream: vllm/v1/core/kv_cache_manager.py:194 KVCacheManager.get_computed_blocks
 upstream: vllm/v1/core/kv_cache_manager.py:236 KVCacheManager.allocate_slots
-upstream: vllm/v1/core/sched/scheduler.py:590-595 (the scheduler's cache lookup)
+upstream: vllm/v1/core/sched/scheduler.py:590-595 get_computed_blocks (the scheduler's cache lookup)
 """
 from __future__ import annotations
 

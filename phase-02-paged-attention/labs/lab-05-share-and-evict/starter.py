@@ -12,7 +12,7 @@ predict:
 
 upstream: vllm/v1/core/kv_cache_manager.py:194 KVCacheManager.get_computed_blocks
 upstream: vllm/v1/core/kv_cache_manager.py:236 KVCacheManager.allocate_slots
-upstream: vllm/v1/core/sched/scheduler.py:590-595 (the scheduler's cache lookup)
+upstream: vllm/v1/core/sched/scheduler.py:590-595 get_computed_blocks (the scheduler's cache lookup)
 """
 from __future__ import annotations
 
@@ -21,35 +21,25 @@ from mini_vllm.request import Request
 
 
 def prefill(kv: KVCacheManager, request: Request) -> int | None:
-    """Admit ``request``'s whole prompt; the number of prompt tokens served from cache.
+    """Admit a new request's whole prompt, sharing every cached prefix block it may use.
 
-    Returns None, leaving everything as it was, when the pool cannot hold it.
-
-    Recipe (the scheduler's admission move, in this order):
-      1. ValueError naming ``num_computed_tokens`` unless it is 0.
-      2. ``hits, num_hit_tokens = kv.get_computed_blocks(request)``.
-      3. ``kv.allocate_slots(request, request.num_tokens - num_hit_tokens, hits,
-         num_hit_tokens)``. Leave ``request.num_computed_tokens`` at 0 while you
-         call it: allocate_slots adds the hits to it itself, so setting it first
-         would count the cached tokens twice and ask for blocks you do not need.
-      4. None from allocate_slots: return None (nothing was changed).
-      5. Otherwise the prompt is now computed: ``request.num_computed_tokens =
-         request.num_tokens``; return ``num_hit_tokens``.
+    Returns the number of prompt tokens served from the cache (whole blocks, never
+    the last prompt token). Afterwards ``request.num_computed_tokens ==
+    request.num_tokens`` and the request's block table covers the prompt, hit blocks
+    first, each with one more reference. When the pool cannot hold the prompt:
+    returns None and changes nothing (no reference count, block table, free queue or
+    ``num_computed_tokens`` moves). Raises ValueError naming ``num_computed_tokens``
+    when the request has already started (it is not 0).
     """
     raise NotImplementedError("prefill: not implemented yet")
 
 
 def ref_counts(kv: KVCacheManager, request: Request) -> list[int]:
-    """``ref_cnt`` of each block in the request's block table, in table order.
-
-    Recipe: one line over ``kv.get_blocks(request.request_id)``.
-    """
+    """``ref_cnt`` of each block in the request's block table, in table order
+    (logical block 0 first), which need not be block-id order. Reads only."""
     raise NotImplementedError("ref_counts: not implemented yet")
 
 
 def eviction_order(kv: KVCacheManager) -> list[int]:
-    """Ids of the free blocks, next-to-be-evicted first.
-
-    Recipe: one line over ``kv.block_pool.free_block_queue.get_all_free_blocks()``.
-    """
+    """Ids of the free blocks (cached ones included), next-to-be-evicted first. Reads only."""
     raise NotImplementedError("eviction_order: not implemented yet")

@@ -46,6 +46,22 @@ def test_identical_prompt_shares_all_but_the_tail_block():
     assert kv.block_pool.get_num_free_blocks() == 63 - 9
 
 
+def test_ref_counts_follow_the_block_table_not_block_ids():
+    """A hit on high block ids followed by a fresh low id: the table is [4, 5, 3]."""
+    kv = KVCacheManager(10, BLOCK)
+    filler, keep = req(list(range(300, 312))), req(list(range(400, 409)))
+    impl.prefill(kv, filler)                       # blocks 1, 2, 3
+    assert impl.prefill(kv, keep) == 0             # blocks 4, 5, 6
+    impl.prefill(kv, req(list(range(500, 512))))   # blocks 7, 8, 9
+    kv.free(filler)                                # free queue: 3, 2, 1
+    b = req(list(range(400, 408)) + [1])
+    assert impl.prefill(kv, b) == 8
+    assert kv.get_block_ids(b.request_id) == [4, 5, 3]
+    assert impl.ref_counts(kv, b) == [2, 2, 1]
+    assert impl.ref_counts(kv, keep) == [2, 2, 1]
+    assert impl.eviction_order(kv) == [2, 1]
+
+
 def test_diverging_prompt_shares_only_the_common_prefix():
     kv = KVCacheManager(64, BLOCK)
     impl.prefill(kv, req(PROMPT))

@@ -16,7 +16,7 @@ row ``block_table[t // block_size] * block_size + t % block_size``.
 
 upstream: vllm/v1/worker/block_table.py:326 _compute_slot_mapping_kernel
 upstream: csrc/cache_kernels.cu:304 reshape_and_cache_flash_kernel
-upstream: csrc/attention/attention_kernels.cuh:202 paged_attention_kernel
+upstream: csrc/attention/attention_kernels.cuh:202 block_table
 mini_vllm/models/attention.py does the same math for the real numpy model.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ row ``block_table[t // block_size] * block_size + t % block_size``.
 
 upstream: vllm/v1/worker/block_table.py:326 _compute_slot_mapping_kernel
 upstream: csrc/cache_kernels.cu:304 reshape_and_cache_flash_kernel
-upstream: csrc/attention/attention_kernels.cuh:202 paged_attention_kernel
+upstream: csrc/attention/attention_kernels.cuh:202 block_table
 mini_vllm/models/attention.py does the same math for the real numpy model.
 """
 from __future__ import annotations
@@ -29,16 +29,13 @@ def build_slot_mapping(
 ) -> np.ndarray:
     """Flat cache rows for logical positions ``start .. start + num_tokens - 1``.
 
-    Raises ValueError when ``block_size < 1``, ``start < 0``, ``num_tokens < 0``
-    or the range runs past the last slot the table covers.
+    Returns an int64 array of ``num_tokens`` row numbers into the cache viewed as
+    ``[num_blocks * block_size, ...]``: position ``t`` sits in physical block
+    ``block_table[t // block_size]`` at offset ``t % block_size``.
 
-    Recipe:
-      1. Validate, in this order: ``block_size >= 1``, ``start >= 0``,
-         ``num_tokens >= 0``, ``start + num_tokens <= len(block_table) * block_size``.
-         Each ValueError message names the parameter (the last one names
-         ``num_tokens``).
-      2. ``positions = np.arange(start, start + num_tokens)`` (int64).
-      3. Return ``table[positions // block_size] * block_size + positions % block_size``.
+    Raises ValueError naming the parameter when ``block_size < 1``, ``start < 0`` or
+    ``num_tokens < 0``, and naming ``num_tokens`` when the range runs past the last
+    slot the table covers (a range ending exactly there is fine).
     """
     raise NotImplementedError("build_slot_mapping: write the slot formula")
 
@@ -53,16 +50,12 @@ def write_kv(
     """Scatter ``new_k[i]`` / ``new_v[i]`` to flat row ``slot_mapping[i]``, in place.
 
     ``k_cache``/``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``;
-    ``new_k``/``new_v``: ``[len(slot_mapping), num_kv_heads, head_dim]``.
+    ``new_k``/``new_v``: ``[len(slot_mapping), num_kv_heads, head_dim]``. Only the
+    named rows change; the caller's cache arrays themselves are updated (no copy).
 
-    Recipe:
-      1. Raise ValueError (message mentions ``slot_mapping``) when the new rows
-         do not match ``len(slot_mapping)`` or a slot is outside
-         ``[0, num_blocks * block_size)``.
-      2. View each cache as ``[num_blocks * block_size, num_kv_heads, head_dim]``
-         with ``reshape`` (a view, not a copy, for a contiguous array).
-      3. Fancy-index assignment: ``rows[slots] = new``. That is all
-         ``reshape_and_cache`` does, one CUDA block per token.
+    Raises ValueError mentioning ``slot_mapping``, before writing anything, when
+    ``new_k`` and ``new_v`` do not both have one row per slot, or when a slot is
+    outside ``[0, num_blocks * block_size)``.
     """
     raise NotImplementedError("write_kv: scatter rows through the slot mapping")
 
@@ -73,10 +66,7 @@ def gather_kv(
     """The first ``seq_len`` logical rows of one sequence, contiguous, in order.
 
     Returns ``[seq_len, num_kv_heads, head_dim]``. Rows past ``seq_len`` in the
-    tail block are never read.
-
-    Recipe: the slots of positions ``0 .. seq_len - 1`` (your
-    ``build_slot_mapping``), then index the flat ``[rows, heads, dim]`` view.
+    tail block are never read (they may hold anything).
     """
     raise NotImplementedError("gather_kv: read through the block table")
 
@@ -92,17 +82,14 @@ def paged_attention(
     """Decode attention for one query per head, K/V read through the block table.
 
     ``q``: ``[num_heads, head_dim]``; caches: ``[num_blocks, block_size,
-    num_kv_heads, head_dim]`` with ``num_heads % num_kv_heads == 0``.
-    Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
-    Returns ``[num_heads, head_dim]``.
+    num_kv_heads, head_dim]``. Query head ``h`` reads KV head
+    ``h // (num_heads // num_kv_heads)``. Returns ``[num_heads, head_dim]``:
+    ``softmax(K q / sqrt(head_dim)) V`` per head over the first ``seq_len`` tokens,
+    exact to float64 rounding and finite for scores of any size. The inputs are not
+    modified.
 
-    Recipe:
-      1. ValueError naming ``seq_len`` if ``seq_len < 1``; ValueError naming
-         ``num_kv_heads`` if ``num_heads % num_kv_heads != 0``.
-      2. ``keys = gather_kv(k_cache, ...)``, ``values = gather_kv(v_cache, ...)``.
-      3. For each head: ``scores = keys[:, kv_head] @ q[h] / sqrt(head_dim)``;
-         subtract ``scores.max()`` before ``np.exp``; normalise; multiply by
-         ``values[:, kv_head]``.
+    Raises ValueError naming ``seq_len`` when it is < 1, and naming ``num_kv_heads``
+    when ``num_heads`` is not a multiple of it.
     """
     raise NotImplementedError("paged_attention: gather, softmax, weighted sum")
 

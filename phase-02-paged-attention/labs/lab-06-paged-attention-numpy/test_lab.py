@@ -50,6 +50,7 @@ def test_slot_mapping_formula_at_block_edges():
     ("kwargs", "name"),
     [
         ({"block_size": 0, "start": 0, "num_tokens": 1}, "block_size"),
+        ({"block_size": 0, "start": 0, "num_tokens": 0}, "block_size"),  # even an empty range
         ({"block_size": 4, "start": -1, "num_tokens": 1}, "start"),
         ({"block_size": 4, "start": 0, "num_tokens": -2}, "num_tokens"),
         ({"block_size": 4, "start": 10, "num_tokens": 3}, "num_tokens"),
@@ -58,6 +59,15 @@ def test_slot_mapping_formula_at_block_edges():
 def test_slot_mapping_rejects_ranges_the_table_cannot_hold(kwargs, name):
     with pytest.raises(ValueError, match=name):
         impl.build_slot_mapping([7, 2, 9], **kwargs)
+
+
+def test_smallest_block_and_sequence_are_accepted():
+    assert impl.build_slot_mapping([7, 2, 9], 1, 0, 3).tolist() == [7, 2, 9]  # block size 1
+    rng = np.random.default_rng(11)
+    k_cache = rng.standard_normal((3, 4, 1, DIM))
+    v_cache = rng.standard_normal((3, 4, 1, DIM))
+    out = impl.paged_attention(rng.standard_normal((2, DIM)), k_cache, v_cache, [2], 1, 4)
+    np.testing.assert_allclose(out, np.repeat(v_cache[2, 0], 2, axis=0), rtol=0, atol=1e-15)
 
 
 def test_write_then_gather_round_trips():
@@ -131,6 +141,51 @@ def test_query_heads_share_kv_heads_in_groups():
     assert not np.allclose(out[0], out[2])
 
 
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 2), (8, 1), (6, 3)])
+def test_each_query_head_reads_its_own_kv_head(num_heads, num_kv_heads):
+    """4:1, 8:1 and 2:1 grouping, every head checked against dense attention on its KV head."""
+    rng = np.random.default_rng(8)
+    seq_len, table = 23, [3, 1]
+    k = rng.standard_normal((seq_len, num_kv_heads, DIM))
+    v = rng.standard_normal((seq_len, num_kv_heads, DIM))
+    q = rng.standard_normal((num_heads, DIM))
+    k_cache, v_cache = scatter_sequence(k, v, table, num_blocks=4, fill=1e6)
+    out = impl.paged_attention(q, k_cache, v_cache, table, seq_len, BLOCK_SIZE)
+    group = num_heads // num_kv_heads
+    for h in range(num_heads):
+        kv = h // group
+        want = dense_attention(q[h:h + 1], k[:, kv:kv + 1], v[:, kv:kv + 1])[0]
+        np.testing.assert_allclose(out[h], want, rtol=0, atol=1e-12)
+
+
+def test_huge_scores_still_give_a_finite_exact_softmax():
+    """Scores in the thousands overflow np.exp unless the maximum is subtracted first."""
+    rng = np.random.default_rng(9)
+    seq_len, table = 19, [1, 0]
+    k = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    v = rng.standard_normal((seq_len, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM)) * 3000.0
+    assert np.abs(k[:, 0] @ q[0] / np.sqrt(DIM)).max() > 710  # exp() of it is inf in float64
+    k_cache, v_cache = scatter_sequence(k, v, table, num_blocks=2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = impl.paged_attention(q, k_cache, v_cache, table, seq_len, BLOCK_SIZE)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, dense_attention(q, k, v), rtol=0, atol=1e-12)
+
+
+def test_paged_attention_leaves_its_inputs_unchanged():
+    rng = np.random.default_rng(10)
+    k_cache = rng.standard_normal((4, BLOCK_SIZE, KV_HEADS, DIM))
+    v_cache = rng.standard_normal((4, BLOCK_SIZE, KV_HEADS, DIM))
+    q = rng.standard_normal((HEADS, DIM))
+    saved = [x.copy() for x in (q, k_cache, v_cache)]
+    first = impl.paged_attention(q, k_cache, v_cache, [2, 3], 20, BLOCK_SIZE)
+    for before, after in zip(saved, (q, k_cache, v_cache), strict=True):
+        np.testing.assert_array_equal(after, before)
+    np.testing.assert_array_equal(impl.paged_attention(q, k_cache, v_cache, [2, 3], 20,
+                                                       BLOCK_SIZE), first)
+
+
 def test_decode_loop_writes_one_slot_per_step_and_stays_exact():
     """Prefill 20 tokens in chunks of 8, then decode 10 tokens one slot at a time."""
     rng = np.random.default_rng(6)
@@ -201,6 +256,13 @@ def test_write_kv_rejects_mismatched_rows():
         impl.write_kv(k_cache, v_cache, np.array([0, 1]), np.ones((3, 1, 2)), np.ones((3, 1, 2)))
     with pytest.raises(ValueError, match="slot_mapping"):
         impl.write_kv(k_cache, v_cache, np.array([8]), np.ones((1, 1, 2)), np.ones((1, 1, 2)))
+    with pytest.raises(ValueError, match="slot_mapping"):  # -1 would wrap to the last row
+        impl.write_kv(k_cache, v_cache, np.array([3, -1]), np.ones((2, 1, 2)), np.ones((2, 1, 2)))
+    with pytest.raises(ValueError, match="slot_mapping"):  # one V row for two slots
+        impl.write_kv(k_cache, v_cache, np.array([0, 1]), np.ones((2, 1, 2)), np.ones((1, 1, 2)))
+    assert not k_cache.any() and not v_cache.any()  # a refused write changes nothing
+    impl.write_kv(k_cache, v_cache, np.array([7]), np.ones((1, 1, 2)), np.full((1, 1, 2), 2.0))
+    assert k_cache[1, 3].tolist() == [[1.0, 1.0]] and v_cache[1, 3].tolist() == [[2.0, 2.0]]
 
 
 def test_paged_attention_rejects_an_empty_sequence_and_uneven_head_groups():
