@@ -388,7 +388,9 @@ class _Generator:
                 ops = list(node.ops)
                 ops[i] = swap()
                 mutated = ast.Compare(left=node.left, ops=ops, comparators=node.comparators)
-                self.add(node, f"{type(op).__name__}->{swap.__name__}",
+                # a chained comparison (0 < t < n) has one mutant per operator: number them
+                which = f"#{i}" if len(node.ops) > 1 else ""
+                self.add(node, f"{type(op).__name__}->{swap.__name__}{which}",
                          f"({ast.unparse(mutated)})")
         elif isinstance(node, ast.BinOp):
             for new_op in _BIN_SWAP.get(type(node.op), ()):

@@ -194,6 +194,13 @@ def test_generated_mutants_cover_every_operator_family_of_learner_functions_only
     assert all('"""x limited to [low, high]."""' in m.source for m in found)
 
 
+def test_each_operator_of_a_chained_comparison_gets_its_own_id():
+    src = "def within(t, n):\n    return 0 < t < n\n"
+    ids = [m.id for m in mutants.generate_mutants(src, {"within"}) if "->" in m.id]
+    assert "within:2:11:Lt->LtE#0" in ids and "within:2:11:Lt->LtE#1" in ids
+    assert len(ids) == len(set(ids))
+
+
 def test_generated_ids_are_stable_and_unique():
     first = mutants.generate_mutants(SRC, {"clamp"})
     second = mutants.generate_mutants(SRC, {"clamp"})
