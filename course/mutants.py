@@ -448,7 +448,9 @@ def read_equivalent(lab: pathlib.Path, root: pathlib.Path) -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        mid, sep, reason = line.partition("#")
+        # the reason follows whitespace and "#" (an id itself may hold "#": Lt->LtE#1)
+        parts = re.split(r"\s+#", line, maxsplit=1)
+        mid, sep, reason = (parts[0], "#", parts[1]) if len(parts) == 2 else (line, "", "")
         if not sep or not reason.strip() or len(mid.split()) != 1:
             raise CourseError(f"{label} line {number}: expected '<mutant id>  # <reason>'")
         entries[mid.strip()] = reason.strip()

@@ -321,7 +321,7 @@ class LLM:
     """The offline front door: ``LLM(model, **engine_kwargs).generate(prompts, params)``.
 
     ``n > 1`` becomes n child requests; with a seed, child i uses ``seed + i``
-    (upstream: vllm/v1/engine/parallel_sampling.py:80 seed).
+    (upstream: vllm/v1/engine/parallel_sampling.py:80 child_sampling_params.seed).
     """
 
     def __init__(self, model: str | object = "toy", **engine_kwargs) -> None:

@@ -201,6 +201,17 @@ def test_each_operator_of_a_chained_comparison_gets_its_own_id():
     assert len(ids) == len(set(ids))
 
 
+def test_an_equivalent_id_may_hold_a_hash_sign(tmp_path):
+    lab = tmp_path / "phase-00-x" / "labs" / "lab-01-x"
+    (lab / "mutants").mkdir(parents=True)
+    (lab / "mutants" / "equivalent.txt").write_text(
+        "within:2:11:Lt->LtE#1  # t == n gives the same answer\n", encoding="utf-8"
+    )
+    assert mutants.read_equivalent(lab, tmp_path) == {
+        "within:2:11:Lt->LtE#1": "t == n gives the same answer"
+    }
+
+
 def test_generated_ids_are_stable_and_unique():
     first = mutants.generate_mutants(SRC, {"clamp"})
     second = mutants.generate_mutants(SRC, {"clamp"})

@@ -99,17 +99,18 @@ class StepOutput:
 
 
 def clamp(num_new_tokens: int, token_budget: int, long_prefill_token_threshold: int = 0) -> int:
-    """How many of ``num_new_tokens`` a request gets this step.
+    """How many of a request's ``num_new_tokens`` it may compute in this step.
 
-    Recipe:
-    1. If ``0 < long_prefill_token_threshold < num_new_tokens``, cut
-       ``num_new_tokens`` down to the threshold (0 means "no cap", not "zero").
-    2. Then take the smaller of that and ``token_budget``.
-    3. Never return a negative number.
+    Inputs: ``num_new_tokens`` (the request's gap, >= 0), ``token_budget`` (what
+    is left of the step's budget) and ``long_prefill_token_threshold`` (a per-request
+    cap per step; 0 disables it).
+    Returns: an int ``n`` with ``0 <= n <= token_budget`` and ``n <= num_new_tokens``;
+    ``n`` is also at most the threshold whenever the threshold is set.
+    A threshold of 0 is "no cap", never "cap at zero".
 
     upstream: vllm/v1/core/sched/scheduler.py:390-392 long_prefill_token_threshold
     """
-    raise NotImplementedError("clamp: apply the threshold, then the budget (see the docstring)")
+    raise NotImplementedError("clamp: the contract is in the docstring, hints in README.md")
 
 
 def schedule_step(
@@ -120,49 +121,55 @@ def schedule_step(
     max_num_seqs: int,
     long_prefill_token_threshold: int = 0,
 ) -> StepOutput:
-    """One ``schedule()`` call. Mutates ``running``, ``waiting`` and ``kv``.
+    """One ``schedule()`` call: decide what runs in this step.
 
-    Recipe:
-    1. ``token_budget = max_num_batched_tokens``; ``out = StepOutput()``.
-    2. RUNNING pass: walk ``running`` with an index ``i`` while
-       ``i < len(running)`` and ``token_budget > 0``. For ``req = running[i]``:
-       ``n = clamp(req.num_tokens - req.num_computed_tokens, token_budget, threshold)``.
-       Try ``kv.allocate(req, n)``. While it fails: ``victim = running.pop()``
-       (the newest), ``kv.free(victim)``, ``victim.num_computed_tokens = 0``,
-       ``victim.num_preemptions += 1``, ``waiting.appendleft(victim)``, record
-       its id in ``out.preempted_req_ids``; if the victim *is* ``req`` stop
-       retrying, else retry the allocation. If ``req`` still has no memory,
-       end the RUNNING pass. Otherwise record ``n``, subtract it from the
-       budget, ``i += 1``.
-    3. WAITING pass, only if nothing was preempted this step: while
-       ``waiting`` is not empty, ``token_budget > 0`` and
-       ``len(running) < max_num_seqs``: look at ``waiting[0]`` (do not pop
-       yet), clamp its gap the same way, try ``kv.allocate``; on failure stop
-       admitting (head-of-line: nobody behind it jumps ahead); on success pop
-       it, append it to ``running``, record ``n``, subtract it from the budget.
-    4. Return ``out``.
+    Inputs: ``running`` (admission order, oldest first), ``waiting`` (arrival
+    order, head first), ``kv`` (block accounting), the step's token budget
+    ``max_num_batched_tokens``, the seat cap ``max_num_seqs`` and the per-request
+    ``long_prefill_token_threshold`` (0: none).
+    Returns: a ``StepOutput`` whose ``num_scheduled_tokens`` maps each scheduled
+    request id to its token count (every count >= 1; a request that gets nothing
+    is absent), and whose ``preempted_req_ids`` lists this step's victims in the
+    order they were evicted.
+
+    Invariants the tests check against mini_vllm's ``Scheduler``:
+
+    * the counts sum to at most ``max_num_batched_tokens``, and each is what
+      ``clamp`` allows for that request's gap at that point of the step;
+    * running requests are served before any waiting one;
+    * ``len(running) <= max_num_seqs`` after admission; seats are checked only
+      when admitting;
+    * when memory for a running request runs out, the most recently admitted
+      running request is preempted (blocks freed, ``num_computed_tokens`` back to
+      0, ``num_preemptions`` + 1, put at the *head* of ``waiting``) until the
+      request fits or was itself the victim; a request with no memory ends the
+      running pass;
+    * a step that preempted admits nobody;
+    * waiting requests are admitted strictly in queue order: the first one that
+      does not fit in memory stops admission (nobody overtakes it).
+
+    Side effects: mutates ``running``, ``waiting`` and ``kv``; nothing else.
 
     upstream: vllm/v1/core/sched/scheduler.py:329 Scheduler.schedule
     """
-    raise NotImplementedError("schedule_step: running pass, then waiting pass (see the docstring)")
+    raise NotImplementedError("schedule_step: the contract is in the docstring, hints in README.md")
 
 
 def finish_step(running: list[Req], output: StepOutput, kv: FakeKV) -> list[Req]:
-    """The model ran: advance counters, emit tokens, reap the finished.
+    """The model ran the step in ``output``: update the counters and reap the finished.
 
-    Recipe:
-    1. For each ``(request_id, n)`` in ``output.num_scheduled_tokens``, find the
-       request in ``running`` and add ``n`` to its ``num_computed_tokens``.
-    2. If that makes ``num_computed_tokens == num_tokens``, the step computed
-       its last known token: it emits one (``num_output_tokens += 1``).
-       A mid-prefill chunk emits nothing.
-    3. Requests with ``finished`` true leave ``running`` (keep the others in
-       order) and ``kv.free`` their blocks. Return the finished ones in their
-       ``running`` order.
+    Inputs: ``running``, the ``StepOutput`` that ``schedule_step`` returned for it,
+    and ``kv``.
+    Effects: each scheduled request's ``num_computed_tokens`` grows by its count;
+    a request whose two counters are then equal has computed everything it knows
+    and emits one token (``num_output_tokens`` + 1); a partial prefill chunk
+    emits nothing. Requests that reached ``max_tokens`` leave ``running`` (the
+    others keep their order) and give their blocks back to ``kv``.
+    Returns: the requests that finished, in their ``running`` order (may be empty).
 
     upstream: vllm/v1/core/sched/scheduler.py:1283 Scheduler.update_from_output
     """
-    raise NotImplementedError("finish_step: advance, emit, reap (see the docstring)")
+    raise NotImplementedError("finish_step: the contract is in the docstring, hints in README.md")
 
 
 def run_workload(

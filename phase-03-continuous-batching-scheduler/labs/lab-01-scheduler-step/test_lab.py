@@ -80,6 +80,20 @@ def test_running_decode_is_served_before_a_waiting_prompt():
     assert out.num_scheduled_tokens == {"dec": 1, "new": 7}
 
 
+def test_a_running_request_left_without_budget_is_absent_not_scheduled_for_0():
+    kv = roomy_kv()
+    a = impl.Req("A", 24, 5, num_computed_tokens=4)  # mid-prefill: 20 prompt tokens to go
+    b = impl.Req("B", 4, 5, num_output_tokens=1, num_computed_tokens=4)  # decoding
+    assert kv.allocate(a, 0) and kv.allocate(b, 0)
+    running, waiting = [a, b], deque([impl.Req("C", 3, 1)])
+    out = impl.schedule_step(running, waiting, kv, max_num_batched_tokens=10, max_num_seqs=4)
+    # A's chunk eats the whole budget; B keeps its seat but is not in this step at all.
+    assert out.num_scheduled_tokens == {"A": 10}
+    assert out.preempted_req_ids == [] and running == [a, b] and len(waiting) == 1
+    assert impl.finish_step(running, out, kv) == []
+    assert (b.num_computed_tokens, b.num_output_tokens) == (4, 1)
+
+
 def test_admission_stops_at_the_first_request_that_does_not_fit():
     kv = impl.FakeKV(num_blocks=5, block_size=4)  # 4 usable blocks = 16 slots
     a, b, c = impl.Req("A", 12, 4), impl.Req("B", 8, 4), impl.Req("C", 1, 1)

@@ -22,33 +22,38 @@ def _check(name: str, value: object, low: int) -> None:
 
 
 def chunk_size(long_prefill_token_threshold: int, max_num_batched_tokens: int) -> int:
-    """The most prompt tokens one request can compute in one step (alone in the engine).
+    """The most prompt tokens a lone request can compute in one step.
 
-    Recipe: validate both arguments with ``_check`` (threshold >= 0, budget >= 1).
-    A threshold of 0 means "no threshold": the chunk is the whole budget.
-    Otherwise the chunk is the smaller of the threshold and the budget.
+    Inputs: ``long_prefill_token_threshold`` (an int >= 0; 0 means the threshold
+    is off) and ``max_num_batched_tokens`` (an int >= 1).
+    Returns: an int >= 1, never above the budget, and never above the threshold
+    when the threshold is on.
+    Errors: ``ValueError`` naming the parameter for a value below its floor or a
+    non-integer (``_check`` does exactly that).
     """
-    raise NotImplementedError("chunk_size: see the recipe in the docstring")
+    raise NotImplementedError("chunk_size: the contract is in the docstring, hints in README.md")
 
 
 def prefill_chunks(prompt_len: int, long_prefill_token_threshold: int, max_num_batched_tokens: int) -> list[int]:
-    """The tokens scheduled at each prefill step of a lone request: full chunks, then the rest.
+    """The tokens a lone request is scheduled at each of its prefill steps.
 
-    Recipe: validate ``prompt_len >= 1``; ``size = chunk_size(...)``; return
-    ``prompt_len // size`` copies of ``size``, followed by the remainder if it is
-    not zero. Example: ``prefill_chunks(257, 32, 2048) == [32] * 8 + [1]``.
+    Inputs: ``prompt_len`` (an int >= 1) and the two knobs of ``chunk_size``.
+    Returns: a list of positive ints that sums to ``prompt_len``; every entry
+    equals ``chunk_size(...)`` except possibly the last, which is smaller (and
+    never 0). Example: 257 tokens at threshold 32 give eight 32s and then a 1.
+    Errors: ``ValueError`` naming ``prompt_len`` (or the knob) when out of range.
     """
-    raise NotImplementedError("prefill_chunks: see the recipe in the docstring")
+    raise NotImplementedError("prefill_chunks: the contract is in the docstring, hints in README.md")
 
 
 def num_prefill_steps(prompt_len: int, long_prefill_token_threshold: int, max_num_batched_tokens: int) -> int:
-    """ceil(prompt_len / chunk): the step that finishes the prompt also samples token 1,
-    so this is also the lone request's time to first token, in steps.
+    """How many steps a lone request's prefill takes; also its time to first token,
+    in steps, because the step that finishes the prompt samples token 1.
 
-    Recipe: validate ``prompt_len >= 1``; ceiling-divide by ``chunk_size(...)``
-    (``-(-a // b)`` in integers; no floats).
+    Inputs and errors: as ``prefill_chunks``.
+    Returns: ``len(prefill_chunks(...))``, computed with integer arithmetic only.
     """
-    raise NotImplementedError("num_prefill_steps: see the recipe in the docstring")
+    raise NotImplementedError("num_prefill_steps: the contract is in the docstring, hints in README.md")
 
 
 @dataclass
@@ -66,16 +71,14 @@ def generate(
     max_tokens: int = 8,
     model: str = "tiny-random",
 ) -> GenerateResult:
-    """Greedy-generate ``max_tokens`` tokens for each prompt (given as token ids) on mini_vllm.
+    """Greedy-generate ``max_tokens`` tokens for every prompt (token ids) on
+    mini_vllm's ``LLMEngine`` built with the two scheduling knobs.
 
-    Recipe:
-    1. ``engine = LLMEngine(model, max_num_batched_tokens=...,
-       long_prefill_token_threshold=...)``.
-    2. ``SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)``.
-    3. ``reqs = engine.generate([{"prompt_token_ids": p} for p in prompts], params)``
-       (all prompts are added before the first step; results come in prompt order).
-    4. Return ``GenerateResult`` with each request's ``output_token_ids``,
-       ``metrics.first_token_step``, a copy of every ``engine.stats[i].num_scheduled_tokens``,
-       and the request ids.
+    All prompts are queued before the first step. Every request produces exactly
+    ``max_tokens`` tokens, EOS or not, so runs with different knobs can be
+    compared token for token.
+    Returns: a ``GenerateResult`` with, in prompt order, the output token ids and
+    the 1-based engine step that sampled each first token; what every engine step
+    scheduled (a copy of its ``num_scheduled_tokens``); and the request ids.
     """
-    raise NotImplementedError("generate: see the recipe in the docstring")
+    raise NotImplementedError("generate: the contract is in the docstring, hints in README.md")

@@ -46,9 +46,24 @@ def test_numbers_used_in_the_exercises():
     assert impl.num_prefill_steps(16384, 512, 2048) == 32
 
 
+def test_a_threshold_of_1_is_a_real_cap_not_off():
+    assert impl.chunk_size(1, 2048) == 1
+    assert impl.prefill_chunks(3, 1, 2048) == [1, 1, 1]
+    assert impl.num_prefill_steps(3, 1, 2048) == 3
+    assert impl.chunk_size(0, 1) == 1 and impl.prefill_chunks(2, 0, 1) == [1, 1]
+
+
 def test_bad_arguments_raise_value_error_naming_the_parameter():
     with pytest.raises(ValueError, match="prompt_len"):
         impl.num_prefill_steps(0, 0, 2048)
+    with pytest.raises(ValueError, match="prompt_len"):
+        impl.prefill_chunks(0, 16, 2048)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        impl.num_prefill_steps(10, -1, 2048)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        impl.chunk_size(16, 0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        impl.num_prefill_steps(10, 4, -3)
     with pytest.raises(ValueError, match="long_prefill_token_threshold"):
         impl.chunk_size(-1, 2048)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
@@ -72,6 +87,15 @@ def test_chunked_prefill_never_changes_output_on_real_attention():
         chunked = impl.generate(prompts, threshold, budget, max_tokens=8)
         assert chunked.token_ids == baseline.token_ids
         assert len(chunked.step_tokens) > len(baseline.step_tokens)  # the timing did change
+
+
+def test_generate_runs_every_prompt_to_max_tokens_even_past_eos():
+    # prompt(50, 0) makes tiny-random emit EOS as its 4th greedy token; the
+    # comparison needs equal-length outputs, so EOS must not stop it.
+    res = impl.generate([prompt(50, 0), prompt(12, 1)], 0, 2048, max_tokens=9)
+    assert [len(t) for t in res.token_ids] == [9, 9]
+    assert res.token_ids[0][3] == 256  # the EOS id, kept as an ordinary token
+    assert len(res.step_tokens) == 9 and res.first_token_steps == [1, 1]
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)

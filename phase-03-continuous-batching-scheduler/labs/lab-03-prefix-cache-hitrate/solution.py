@@ -14,7 +14,7 @@ tests can check the calculator exactly. ``run.py`` does the same on real vLLM.
 
 upstream: vllm/v1/core/kv_cache_manager.py:219 max_cache_hit_length
 upstream: vllm/v1/metrics/stats.py:131 PrefixCacheStats.record
-upstream: vllm/v1/metrics/loggers.py:251 Prefix cache hit rate
+upstream: vllm/v1/metrics/loggers.py:248-251 log_parts ("Prefix cache hit rate")
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ tests can check the calculator exactly. ``run.py`` does the same on real vLLM.
 
 upstream: vllm/v1/core/kv_cache_manager.py:219 max_cache_hit_length
 upstream: vllm/v1/metrics/stats.py:131 PrefixCacheStats.record
-upstream: vllm/v1/metrics/loggers.py:251 Prefix cache hit rate
+upstream: vllm/v1/metrics/loggers.py:248-251 log_parts ("Prefix cache hit rate")
 """
 from __future__ import annotations
 
@@ -37,48 +37,44 @@ def _check_block_size(block_size: int) -> None:
 
 
 def prefix_cache_hits(prompts: list[list[int]], block_size: int, enable_caching: bool = True) -> list[int]:
-    """Cache-hit tokens of each prompt, admitted in order in one step (prompts as token ids).
+    """Cache-hit tokens of each prompt when all are admitted, in order, in one step.
 
-    Recipe:
-    1. ``_check_block_size(block_size)``; with caching off every prompt hits 0.
-    2. Keep a set of cached blocks. Key a block by the tuple of ALL tokens from
-       the start of the prompt to the block's end: that is what a chained block
-       hash means (equal keys <=> equal prefixes).
-    3. For each prompt ``p`` (an empty one is a ``ValueError``): it may hit at most
-       ``(len(p) - 1) // block_size`` blocks (the last token is always computed).
-       Count leading blocks whose key is in the set, stop at the first miss;
-       record ``count * block_size``.
-    4. Then add the keys of all ``len(p) // block_size`` full blocks of ``p``
-       (it caches them at admission, before the next prompt looks).
+    Inputs: ``prompts`` (lists of token ids, none empty), ``block_size`` (an int
+    >= 1) and ``enable_caching``.
+    Returns: one int per prompt, a multiple of ``block_size``. A prompt of ``L``
+    tokens hits a leading run of its full blocks, each of whose *whole prefix*
+    (every token from the start to the block's end) an earlier prompt in the list
+    has already cached, and never its last token: at most ``(L - 1) // block_size``
+    blocks. Once looked up, a prompt caches every one of its full blocks. With
+    caching off every entry is 0.
+    Errors: ``ValueError`` for a bad ``block_size`` (``_check_block_size``) or an
+    empty prompt.
     """
-    raise NotImplementedError("prefix_cache_hits: see the recipe in the docstring")
+    raise NotImplementedError("prefix_cache_hits: the contract is in the docstring, hints in README.md")
 
 
 def hit_rate(prompts: list[list[int]], block_size: int, enable_caching: bool = True) -> float:
-    """vLLM's definition: hit tokens / queried tokens (queries = prompt lengths).
-
-    Recipe: ``sum(prefix_cache_hits(...)) / sum(len(p) for p in prompts)``.
+    """vLLM's prefix-cache hit rate: hit tokens over queried tokens, where a prompt
+    queries its full length. A float in [0, 1).
     """
-    raise NotImplementedError("hit_rate: see the recipe in the docstring")
+    raise NotImplementedError("hit_rate: the contract is in the docstring, hints in README.md")
 
 
 def format_hit_rate(rate: float) -> str:
-    """As vLLM's log line prints it: one decimal, percent (``"%.1f%%"``).
-
-    Recipe: format ``rate * 100`` with one decimal and a percent sign:
-    ``format_hit_rate(0.5) == "50.0%"``.
+    """The rate as vLLM's log line prints it: a percentage with one decimal,
+    rounded (not truncated), and a ``%`` sign; 15/16 prints as ``"93.8%"``.
     """
-    raise NotImplementedError("format_hit_rate: see the recipe in the docstring")
+    raise NotImplementedError("format_hit_rate: the contract is in the docstring, hints in README.md")
 
 
 def blocks_after_admission(prompts: list[list[int]], block_size: int, enable_caching: bool = True) -> int:
-    """Distinct KV blocks held once every prompt is admitted: shared hit blocks count once.
+    """Distinct KV blocks in use once every prompt is admitted (nobody finished yet).
 
-    Recipe: each prompt holds ``ceil(len(p) / block_size)`` blocks, of which its
-    hit blocks (``hits // block_size``, from ``prefix_cache_hits``) are someone
-    else's; sum what is left over all prompts.
+    Each prompt holds the blocks its tokens fill, a partial last block included;
+    its hit blocks are someone else's and count only once, for their owner.
+    Returns an int. Errors: as ``prefix_cache_hits``.
     """
-    raise NotImplementedError("blocks_after_admission: see the recipe in the docstring")
+    raise NotImplementedError("blocks_after_admission: the contract is in the docstring, hints in README.md")
 
 
 @dataclass
@@ -97,21 +93,19 @@ def measure_twin(
     max_tokens: int = 2,
     model: str = "tiny-random",
 ) -> TwinResult:
-    """Run the prompts through mini_vllm at once and read hit tokens, blocks and outputs.
+    """Run ``prompts`` (strings) through mini_vllm all at once and read the cache.
 
-    Recipe:
-    1. ``max_tokens < 2`` is a ``ValueError`` naming ``max_tokens`` (a request that
-       finishes in step 1 frees its blocks before we can count them).
-    2. ``engine = LLMEngine(model, block_size=..., enable_caching=...,
-       max_num_batched_tokens=8192)``; greedy ``SamplingParams`` with
-       ``ignore_eos=True``; ``reqs = engine.generate(prompts, params)``.
-    3. If ``engine.stats[0]`` did not schedule every prompt, raise ``ValueError``
-       (the calculator assumes one admission step).
-    4. ``hits``: each request's ``metrics.num_cached_tokens``; ``queries``: the sum
-       of ``num_prompt_tokens``; ``blocks_after_admission``:
-       ``engine.stats[0].blocks_used``; ``token_ids``: the outputs.
+    The engine uses ``block_size``, ``enable_caching`` and a token budget large
+    enough to admit every prompt in step 1; decoding is greedy and each request
+    produces ``max_tokens`` tokens whatever it samples.
+    Returns: a ``TwinResult`` with each request's cache-hit tokens at admission,
+    the prompt-token total, their ratio, the blocks in use right after step 1,
+    and the output token ids, all in prompt order.
+    Errors: ``ValueError`` naming ``max_tokens`` below 2 (a request that ends in
+    step 1 frees its blocks before they are counted), and a ``ValueError`` saying
+    "step 1" when step 1 did not admit every prompt.
     """
-    raise NotImplementedError("measure_twin: see the recipe in the docstring")
+    raise NotImplementedError("measure_twin: the contract is in the docstring, hints in README.md")
 
 
 def illustrative_gpu_numbers(prefix_tokens: int = 448, tail_tokens: int = 14, num_prompts: int = 16,

@@ -31,6 +31,16 @@ def test_only_full_blocks_with_the_same_whole_prefix_hit():
     c = [5] * 16 + [2] * 16 + [9]  # same block 2 content, different parent
     assert impl.prefix_cache_hits([a, b, c], 16) == [0, 16, 0]
     assert impl.prefix_cache_hits([a, b, c], 16, enable_caching=False) == [0, 0, 0]
+    # a's second block ([2] * 16) is cached, but under the parent [1] * 16: as a
+    # first block it is a different block and must miss
+    assert impl.prefix_cache_hits([a, [2] * 16 + [3]], 16) == [0, 0]
+    assert impl.prefix_cache_hits([[4] * 48 + [1], [4] * 40 + [2]], 16) == [0, 32]
+
+
+def test_a_prompt_caches_its_last_full_block_even_though_it_cannot_hit_it():
+    # 32 tokens hit at most 1 block themselves, but both full blocks are cached
+    assert impl.prefix_cache_hits([[7] * 32, [7] * 33], 16) == [0, 32]
+    assert impl.prefix_cache_hits([[7] * 16, [7] * 17], 8) == [0, 16]
 
 
 def test_hit_rate_counts_tokens_so_15_of_16_requests_is_not_93_7_percent():
@@ -64,6 +74,38 @@ def test_twin_memory_effect_is_160_blocks_vs_40():
     assert twin(True).blocks_after_admission == impl.blocks_after_admission(TOKENS, 16, True) == 40
 
 
+def test_twin_honours_block_size_counts_blocks_at_admission_and_decodes_greedily_past_eos():
+    # 8-token blocks, and 12 output tokens that grow every request by at least one
+    # block after admission: the count must come from step 1, on 8-token blocks.
+    # The third prompt fills exactly one block, and tiny-random's greedy answer to
+    # it is EOS as its 3rd token: the twin must keep going (ignore_eos).
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.sampling_params import SamplingParams
+
+    prompts = [impl.SYSTEM + "Q1?", impl.SYSTEM + "Q22?", "uq@JROjI"]
+    tokens = [ByteTokenizer().encode(p) for p in prompts]
+    res = impl.measure_twin(prompts, True, block_size=8, max_tokens=12)
+    assert res.hits == impl.prefix_cache_hits(tokens, 8) == [0, 64, 0]
+    assert res.queries == sum(len(t) for t in tokens)
+    blocks = impl.blocks_after_admission(tokens, 8, True)
+    assert type(blocks) is int and res.blocks_after_admission == blocks == 9 + (9 - 8) + 1
+    greedy = LLMEngine("tiny-random", block_size=8).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert res.token_ids == [list(r.output_token_ids) for r in greedy]
+    assert all(len(t) == 12 for t in res.token_ids) and res.token_ids[2][2] == 256
+
+
+def test_twin_refuses_a_batch_that_step_1_cannot_admit_whole():
+    # 257 prompts, one more than the engine's 256 seats: the last one waits for step 2,
+    # so step 1's block count would not be "everyone admitted"
+    with pytest.raises(ValueError, match="step 1"):
+        impl.measure_twin([f"{i:03d}" for i in range(257)])
+    # 4,000 + 4,000 + 192 tokens fill the 8,192-token budget exactly: the 4th prompt
+    # waits for step 2 (where everyone is scheduled: step 2 proves nothing)
+    with pytest.raises(ValueError, match="step 1"):
+        impl.measure_twin(["a" * 4000, "b" * 4000, "c" * 192, "d" * 10])
+
+
 def test_outputs_are_identical_with_caching_on_and_off():
     assert twin(True).token_ids == twin(False).token_ids
 
@@ -76,6 +118,10 @@ def test_illustrative_gpu_numbers_come_from_the_calculator():
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="block_size"):
         impl.prefix_cache_hits(TOKENS, 0)
+    with pytest.raises(ValueError, match="block_size"):
+        impl.blocks_after_admission(TOKENS, -16)
+    with pytest.raises(ValueError, match="empty"):
+        impl.prefix_cache_hits([[1, 2, 3], []], 16)
     with pytest.raises(ValueError, match="max_tokens"):
         impl.measure_twin(PROMPTS[:1], max_tokens=1)
 

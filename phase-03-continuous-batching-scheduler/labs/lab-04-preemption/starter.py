@@ -22,23 +22,26 @@ from mini_vllm.sampling_params import SamplingParams  # noqa: F401
 
 
 def kv_slots_needed(prompt_len: int, max_tokens: int) -> int:
-    """KV slots a request fills by the time it finishes.
+    """KV slots one request has filled by the time it finishes.
 
-    Recipe: validate both arguments (integers >= 1, else ``ValueError`` naming
-    the parameter). Every prompt token, and every output token except the last
-    one (it is sampled but never fed back), needs a slot.
+    Inputs: ``prompt_len`` and ``max_tokens``, ints >= 1 (``bool`` is not an int
+    here). Returns an int: every token that is ever fed through the model needs a
+    slot; the last sampled token never is.
+    Errors: ``ValueError`` naming the offending parameter.
     """
-    raise NotImplementedError("kv_slots_needed: see the recipe in the docstring")
+    raise NotImplementedError("kv_slots_needed: the contract is in the docstring, hints in README.md")
 
 
 def min_num_blocks(prompt_len: int, max_tokens: int, block_size: int) -> int:
-    """The smallest ``num_blocks`` in which one such request can run to the end alone.
+    """The smallest ``num_blocks`` for an engine in which one such request can run
+    to the end alone.
 
-    Recipe: validate ``block_size`` (integer >= 1); turn ``kv_slots_needed`` into
-    whole blocks (ceiling division) and add 1 for the null block, which the
-    pool never hands out. ``min_num_blocks(8, 20, 4) == 8``.
+    Inputs: as ``kv_slots_needed``, plus ``block_size`` (an int >= 1).
+    Returns: an int that counts whole blocks for the request's slots (a partial
+    block is a whole block) plus the null block, which is never handed out.
+    Errors: ``ValueError`` naming the offending parameter.
     """
-    raise NotImplementedError("min_num_blocks: see the recipe in the docstring")
+    raise NotImplementedError("min_num_blocks: the contract is in the docstring, hints in README.md")
 
 
 @dataclass
@@ -59,15 +62,15 @@ def run(
     enable_caching: bool = False,
     model: str = "tiny-random",
 ) -> PreemptionRun:
-    """Greedy-generate for every prompt in a pool of ``num_blocks`` blocks; record preemptions.
+    """Greedy-generate for every prompt (token ids) in an engine of ``num_blocks``
+    blocks of ``block_size`` slots, with prefix caching as given.
 
-    Recipe:
-    1. ``engine = LLMEngine(model, block_size=..., num_blocks=..., enable_caching=...)``.
-    2. ``params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)``.
-    3. ``reqs = engine.generate([{"prompt_token_ids": p} for p in prompts], params)``
-       (a request that can never fit raises ``ValueError`` here: let it propagate).
-    4. From the requests: ``output_token_ids`` and ``num_preemptions``. From
-       ``engine.stats``: ``(s.step, request_id)`` for every id in ``s.preempted``,
-       the number of steps, and a copy of each ``s.num_scheduled_tokens``.
+    Every request produces exactly ``max_tokens`` tokens, EOS or not.
+    Returns: a ``PreemptionRun`` with, in prompt order, the output token ids and
+    each request's preemption count; every preemption as ``(engine step, request
+    id)`` with the engine's own (1-based) step numbers; the number of steps; what
+    each step scheduled; and the request ids.
+    Errors: a request that could never fit is refused by ``add_request`` with a
+    ``ValueError``; let it propagate.
     """
-    raise NotImplementedError("run: see the recipe in the docstring")
+    raise NotImplementedError("run: the contract is in the docstring, hints in README.md")

@@ -26,6 +26,33 @@ def test_a_pool_of_exactly_min_num_blocks_runs_one_request_to_the_end():
     assert len(res.token_ids[0]) == 20 and res.preemptions == []
 
 
+def test_bad_lengths_and_block_sizes_raise_value_error_naming_the_parameter():
+    for args, name in [((0, 20), "prompt_len"), ((8, 0), "max_tokens"), ((-3, 5), "prompt_len"),
+                       ((8.0, 20), "prompt_len"), ((8, True), "max_tokens")]:
+        with pytest.raises(ValueError, match=name):
+            impl.kv_slots_needed(*args)
+        with pytest.raises(ValueError, match=name):
+            impl.min_num_blocks(*args, 4)
+    for bs in (0, -4, 2.0, True):
+        with pytest.raises(ValueError, match="block_size"):
+            impl.min_num_blocks(8, 20, bs)
+    assert impl.kv_slots_needed(1, 1) == 1 and impl.min_num_blocks(1, 1, 1) == 2
+
+
+def test_outputs_are_mini_vllms_greedy_tokens_run_past_eos():
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.sampling_params import SamplingParams
+
+    rng = random.Random(0)
+    eos_prone = [rng.randrange(1, 256) for _ in range(50)]  # greedy EOS as its 4th token
+    res = impl.run([eos_prone, A], num_blocks=512, max_tokens=8)
+    want = LLMEngine("tiny-random", block_size=4, num_blocks=512, enable_caching=False).generate(
+        [{"prompt_token_ids": p} for p in (eos_prone, A)],
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert res.token_ids == [list(r.output_token_ids) for r in want]
+    assert [len(t) for t in res.token_ids] == [8, 8] and res.token_ids[0][3] == 256
+
+
 def test_two_requests_do_not_fit_together_but_each_fits_alone():
     usable = 10 - 1
     need = impl.min_num_blocks(8, 20, 4) - 1

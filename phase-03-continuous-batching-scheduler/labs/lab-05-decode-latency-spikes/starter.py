@@ -33,28 +33,25 @@ def victim_profile(
     victim_max_tokens: int = 16,
     long_max_tokens: int = 2,
 ) -> dict:
-    """Stage the collision; return the victim's decode-step costs and the long request's TTFT.
+    """Stage the collision on ``LLMEngine("toy")`` and measure it from the victim's seat.
 
-    Returns ``{"costs": [...], "victim_tokens": [...], "long_ttft_steps": int}``.
+    The engine is built with the given ``max_num_batched_tokens`` and
+    ``long_prefill_token_threshold``. The victim (``victim_prompt_len`` prompt
+    tokens, ``victim_max_tokens`` output tokens) is queued alone and runs one step,
+    its prefill, which samples its first token. Then the long request
+    (``long_prompt_len`` prompt tokens, ``long_max_tokens`` outputs) arrives, and
+    the engine runs until both are done. Both decode greedily and produce all
+    their tokens, EOS or not.
 
-    Recipe:
-    1. Validate ``long_prompt_len`` (integer >= 1, else ``ValueError`` naming it).
-    2. ``engine = LLMEngine("toy", max_num_batched_tokens=...,
-       long_prefill_token_threshold=...)``.
-    3. Add the victim: ``victim_prompt_len`` copies of token 5,
-       ``SamplingParams(temperature=0, max_tokens=victim_max_tokens, ignore_eos=True)``.
-       Run ONE ``engine.step()``: its prefill, which samples its first token.
-    4. Remember ``arrival = engine.num_steps``; add the long request
-       (``long_prompt_len`` copies of token 7, ``max_tokens=long_max_tokens``,
-       greedy, ``ignore_eos``). Keep both ``Request`` objects
-       (``engine.scheduler.requests[id]``): finished requests leave that dict.
-    5. Step until nothing is unfinished.
-    6. ``costs``: for every record in ``engine.stats[arrival:]`` that scheduled
-       the victim, the sum of its ``num_scheduled_tokens`` values.
-       ``victim_tokens``: the victim's ``output_token_ids``.
-       ``long_ttft_steps``: ``long.metrics.first_token_step - arrival``.
+    Returns ``{"costs": [...], "victim_tokens": [...], "long_ttft_steps": int}``:
+    ``costs[k]`` is the total tokens scheduled (by everyone) in the step that
+    produced the victim's token ``k + 2``, one entry per later step the victim ran
+    in and none for steps it was not in; ``victim_tokens`` are its output ids;
+    ``long_ttft_steps`` counts the steps from the long request's arrival to the
+    end of the step that sampled its first token (1 when that is the very next step).
+    Errors: ``ValueError`` naming ``long_prompt_len`` unless it is an int >= 1.
     """
-    raise NotImplementedError("victim_profile: see the recipe in the docstring")
+    raise NotImplementedError("victim_profile: the contract is in the docstring, hints in README.md")
 
 
 def decode_step_costs(long_prompt_len: int = 256, long_prefill_token_threshold: int = 0, **kw) -> list[int]:
@@ -65,11 +62,12 @@ def decode_step_costs(long_prompt_len: int = 256, long_prefill_token_threshold: 
 def itl_ms(costs: list[int], fixed_ms: float = FIXED_MS, per_token_ms: float = PER_TOKEN_MS) -> list[float]:
     """Inter-token latency of each victim token under the linear step-cost model.
 
-    Recipe: reject a negative ``fixed_ms`` or ``per_token_ms`` with a
-    ``ValueError`` that names them; return ``fixed_ms + per_token_ms * c`` for each
-    cost ``c``, rounded to 6 decimals (so 10 + 0.1 * 257 prints as 35.7).
+    Returns one float per cost ``c``: ``fixed_ms + per_token_ms * c``, rounded to
+    6 decimals (so 10 + 0.1 x 257 is exactly 35.7). Zero parameters are allowed.
+    Errors: ``ValueError`` naming ``fixed_ms`` and ``per_token_ms`` when either is
+    negative.
     """
-    raise NotImplementedError("itl_ms: see the recipe in the docstring")
+    raise NotImplementedError("itl_ms: the contract is in the docstring, hints in README.md")
 
 
 def threshold_sweep(thresholds: tuple[int, ...] = (0, 16, 32, 64, 128, 256),

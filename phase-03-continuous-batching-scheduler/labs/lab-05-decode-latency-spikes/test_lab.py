@@ -50,6 +50,24 @@ def test_the_price_moves_to_the_long_requests_ttft():
     }
 
 
+def test_costs_cover_only_the_victims_steps_and_follow_its_max_tokens():
+    p = impl.victim_profile(256, 0, victim_max_tokens=6, long_max_tokens=40)
+    # the long request outlives the victim: its lone decode steps are not the victim's
+    assert p["costs"] == [257, 2, 2, 2, 2] and len(p["victim_tokens"]) == 6
+    assert p["long_ttft_steps"] == 1
+
+
+def test_both_requests_run_to_max_tokens_even_on_a_model_that_loves_eos(monkeypatch):
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.model import ToyModel
+
+    # EOS outscores every other token: greedy picks it first, every time
+    monkeypatch.setattr(impl, "LLMEngine", lambda model, *a, **kw: LLMEngine(ToyModel(eos_bias=10.0), *a, **kw))
+    p = impl.victim_profile(64, 16)
+    assert p["victim_tokens"] == [256] * 16
+    assert p["costs"] == [17] * 4 + [2] + [1] * 10 and p["long_ttft_steps"] == 4
+
+
 def test_a_small_budget_caps_the_spike_too():
     # threshold 0, budget 64: the decode takes 1 token, the prompt gets the other 63
     assert impl.decode_step_costs(256, 0, max_num_batched_tokens=64) == [64] * 4 + [5, 2] + [1] * 9
@@ -59,6 +77,30 @@ def test_cost_model_rejects_negative_parameters():
     assert impl.itl_ms([1, 257], 10.0, 0.1) == [10.1, 35.7]
     with pytest.raises(ValueError, match="per_token_ms"):
         impl.itl_ms([1], 10.0, -1.0)
+    with pytest.raises(ValueError, match="fixed_ms"):
+        impl.itl_ms([1], -0.5, 0.1)
+    assert impl.itl_ms([], 1.0, 1.0) == []
+
+
+def test_cost_model_keeps_six_decimals():
+    assert impl.itl_ms([3, 0], 10.0, 0.0005) == [10.0015, 10.0]
+    assert impl.itl_ms([7], 0.0, 1 / 3) == [2.333333]
+
+
+def test_zero_costs_are_allowed_in_the_cost_model():
+    assert impl.itl_ms([5, 1], 10.0, 0.0) == [10.0, 10.0]
+    assert impl.itl_ms([5], 0.0, 0.5) == [2.5]
+
+
+def test_a_one_token_long_prompt_is_valid_and_barely_shows():
+    p = impl.victim_profile(1)
+    assert p["costs"] == [2, 2] + [1] * 13 and p["long_ttft_steps"] == 1
+
+
+def test_victim_profile_rejects_an_empty_long_prompt():
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="long_prompt_len"):
+            impl.victim_profile(bad)
 
 
 def test_plot_is_written(tmp_path):

@@ -45,38 +45,40 @@ def run_and_count(
     max_tokens: int = 4,
     model: str = "tiny-random",
 ) -> CountedRun:
-    """Greedy-generate for all prompts at once; sum every step's scheduled tokens.
+    """Generate for all ``prompts`` (strings) at once and read the engine's odometer.
 
-    Recipe:
-    1. ``engine = LLMEngine(model, block_size=block_size, enable_caching=enable_caching)``.
-    2. ``reqs = engine.generate(prompts, SamplingParams(temperature=0,
-       max_tokens=max_tokens, ignore_eos=True))`` -- all prompts are added
-       before the first step, so they are admitted together.
-    3. The odometer: the sum over ``engine.stats`` of the values of each
-       record's ``num_scheduled_tokens``.
-    4. Per request (prompt order): ``output_token_ids``,
-       ``metrics.num_cached_tokens``, and the tokens scheduled for it in the
-       first step record that mentions its id.
+    The engine uses ``block_size`` and ``enable_caching`` as given; decoding is
+    greedy and every request produces exactly ``max_tokens`` tokens, EOS or not.
+    All prompts are queued before the first step.
+    Returns: a ``CountedRun`` whose ``total_scheduled_tokens`` is the sum, over
+    every engine step, of all tokens that step scheduled; and, in prompt order,
+    the output token ids, the prefix-cache hit tokens at admission, and the
+    tokens each request was scheduled in the first step it appeared in.
     """
-    raise NotImplementedError("run_and_count: see the recipe in the docstring")
+    raise NotImplementedError("run_and_count: the contract is in the docstring, hints in README.md")
 
 
 def predicted_total(num_requests: int, prompt_len: int, max_tokens: int) -> int:
-    """Scheduled tokens with no cache: every prompt token, and every output token but the last.
+    """The odometer's reading with no cache: ``num_requests`` identical-length
+    requests, each computing every prompt token and every output token that is
+    fed back (all but the last).
 
-    Recipe: validate the three arguments (integers >= 1, ``ValueError`` naming
-    the parameter); the last sampled token is never fed back, so each request
-    costs ``prompt_len + max_tokens - 1``.
+    Inputs: three ints >= 1. Returns an int.
+    Errors: ``ValueError`` naming the parameter for a non-integer or a value
+    below 1.
     """
-    raise NotImplementedError("predicted_total: see the recipe in the docstring")
+    raise NotImplementedError("predicted_total: the contract is in the docstring, hints in README.md")
 
 
 def predicted_savings(num_requests: int, prompt_len: int, shared_prefix_len: int, block_size: int) -> int:
-    """Tokens the cache saves when all requests are admitted in one step (see the module docstring).
+    """Tokens the prefix cache saves for ``num_requests`` prompts of ``prompt_len``
+    tokens that share their first ``shared_prefix_len``, all admitted in one step.
 
-    Recipe: validate (``num_requests``, ``prompt_len``, ``block_size`` >= 1;
-    ``shared_prefix_len`` >= 0 and <= ``prompt_len``). Followers hit
-    ``min(shared_prefix_len // block_size, (prompt_len - 1) // block_size)``
-    blocks each; the first request hits nothing. Multiply out.
+    Inputs: ``num_requests``, ``prompt_len`` and ``block_size`` ints >= 1;
+    ``shared_prefix_len`` an int with ``0 <= shared_prefix_len <= prompt_len``.
+    Returns: an int >= 0, a multiple of ``block_size``: the first request pays in
+    full, every follower skips the shared *full* blocks, but never its own last
+    prompt token (see the module docstring's formula).
+    Errors: ``ValueError`` naming the parameter that is out of range.
     """
-    raise NotImplementedError("predicted_savings: see the recipe in the docstring")
+    raise NotImplementedError("predicted_savings: the contract is in the docstring, hints in README.md")

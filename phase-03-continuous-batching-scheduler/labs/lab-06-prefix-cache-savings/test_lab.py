@@ -72,8 +72,28 @@ def test_identical_whole_prompts_hit_one_block_less_because_the_last_token_is_re
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="shared_prefix_len"):
         impl.predicted_savings(8, 10, 11, 4)
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        impl.predicted_savings(8, 10, -4, 4)
     with pytest.raises(ValueError, match="block_size"):
         impl.predicted_savings(8, 10, 4, 0)
+    with pytest.raises(ValueError, match="num_requests"):
+        impl.predicted_savings(0, 10, 4, 4)
+    for args, name in [((0, 10, 4), "num_requests"), ((8, 0, 4), "prompt_len"),
+                       ((8, 10, 0), "max_tokens"), ((8, 10.0, 4), "prompt_len"), ((True, 10, 4), "num_requests")]:
+        with pytest.raises(ValueError, match=name):
+            impl.predicted_total(*args)
+    with pytest.raises(ValueError, match="prompt_len"):
+        impl.predicted_savings(8, 0, 0, 4)
+    assert impl.predicted_total(1, 1, 1) == 1 and impl.predicted_savings(1, 9, 9, 4) == 0
+    assert impl.predicted_savings(3, 5, 4, 1) == 2 * 4  # 1-token blocks: every shared token but the last
+    assert impl.predicted_savings(3, 5, 5, 1) == 2 * 4
+
+
+def test_the_odometer_runs_to_max_tokens_even_past_eos():
+    # tiny-random's greedy answer to this 8-token prompt has EOS as its 3rd token
+    run = impl.run_and_count(["uq@JROjI"], False, 4, 6)
+    assert run.token_ids[0][2] == 256 and len(run.token_ids[0]) == 6
+    assert run.total_scheduled_tokens == 8 + 5 == impl.predicted_total(1, 8, 6)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)

@@ -122,17 +122,17 @@ def _prompt(arrival: Arrival) -> dict:
 def admission_order(queue: list[Arrival], policy: str) -> list[Arrival]:
     """The order in which queued requests get free seats.
 
-    Recipe:
-    - ``"fcfs"``: sort by ``(arrival_step, request_id)``.
-    - ``"priority"``: sort by ``(priority, arrival_step, request_id)`` -- a lower
-      priority value goes first, as in vLLM's ``Request.__lt__``.
-    - Anything else: ``ValueError`` naming ``policy`` and the allowed values
-      (``POLICIES``).
-    Return a new list; do not modify ``queue``.
+    Inputs: ``queue`` (any order) and ``policy``, one of ``POLICIES``.
+    Returns: a new list holding the same ``Arrival`` objects, sorted. ``"fcfs"``:
+    earliest ``arrival_step`` first, equal steps by ``request_id``. ``"priority"``:
+    lowest ``priority`` value first, then as ``"fcfs"`` (the order of vLLM's
+    ``Request.__lt__``). ``queue`` itself is left unchanged.
+    Errors: ``ValueError`` naming ``policy`` and the allowed values, even for an
+    empty queue.
 
     upstream: vllm/v1/request.py:301 Request.__lt__
     """
-    raise NotImplementedError("admission_order: see the recipe in the docstring")
+    raise NotImplementedError("admission_order: the contract is in the docstring, hints in README.md")
 
 
 def simulate(
@@ -143,56 +143,47 @@ def simulate(
     max_num_batched_tokens: int = 2048,
     max_ticks: int = 100_000,
 ) -> RunResult:
-    """Serve ``workload`` with static or continuous batching; return every request's timeline.
+    """Serve ``workload`` with static or continuous batching on ``LLMEngine("toy")``.
 
-    Recipe:
-    1. Validate: ``mode`` in ("static", "continuous") and ``max_batch`` an int >= 1,
-       else ``ValueError`` naming the parameter; call ``admission_order([], policy)``
-       to validate ``policy``.
-    2. ``engine = LLMEngine("toy", max_num_seqs=max_batch,
-       max_num_batched_tokens=max_num_batched_tokens)``. Each request gets
-       ``SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)``
-       and the prompt ``_prompt(a)``; add it with ``request_id=a.request_id``.
-    3. Loop over ticks ``0, 1, 2, ...`` while anything is pending, queued, or in
-       the engine (raise ``RuntimeError`` past ``max_ticks``):
-       a. move every arrival with ``arrival_step <= tick`` into ``queue``;
-       b. ``in_engine = engine.scheduler.get_num_unfinished_requests()``; free seats
-          are ``max_batch - in_engine`` in continuous mode, and in static mode
-          ``max_batch`` when ``in_engine == 0``, else 0;
-       c. give the seats to ``admission_order(queue, policy)[:seats]`` (remove them
-          from ``queue``, add them to the engine, keep the engine's ``Request``
-          objects from ``engine.scheduler.requests``);
-       d. if the engine has work, ``engine.step()`` and remember which tick that
-          engine step (``engine.num_steps``, 1-based) ran in, and the step's total
-          scheduled tokens (``engine.stats[-1].num_scheduled_tokens``); otherwise
-          record 0 tokens (an idle tick).
-    4. For each arrival build a ``Timeline``: token ticks from
-       ``req.metrics.first_token_step`` plus the running sum of
-       ``req.metrics.inter_token_steps`` (engine steps, mapped to ticks);
-       ``admitted_step`` is the tick of the first engine step that scheduled it;
-       ``token_ids`` its ``output_token_ids``.
-    5. ``makespan`` = last finish tick + 1; ``step_tokens`` cut to ``makespan``.
+    Time runs in ticks 0, 1, 2, ...; each tick, the requests whose
+    ``arrival_step`` has come join a queue, free seats go to queued requests in
+    ``admission_order(queue, policy)``, and the engine runs one step if it has
+    work (a tick with none is idle). A request holds its seat from the moment it
+    is handed to the engine until it finishes, whether or not the engine has
+    scheduled it yet; at most ``max_batch`` requests ever hold seats.
+    ``"continuous"``: a freed seat can be refilled at the next tick.
+    ``"static"``: new requests are handed over only when the engine is empty,
+    up to ``max_batch`` of them. The engine uses ``max_num_batched_tokens``; every
+    request decodes greedily to exactly its ``max_tokens`` (prompt: ``_prompt(a)``,
+    request id: ``a.request_id``).
+    Returns: a ``RunResult`` with one ``Timeline`` per arrival in workload order
+    (tick of its first scheduled step, tick of every sampled token, its token
+    ids), ``makespan`` = the number of ticks up to and including the last finish,
+    and ``step_tokens`` = total tokens scheduled at each tick (0 when idle), one
+    entry per tick of the makespan.
+    Errors: ``ValueError`` naming ``mode``, ``max_batch`` (an int >= 1) or
+    ``policy``; ``RuntimeError`` if the work is not done after ``max_ticks``.
     """
-    raise NotImplementedError("simulate: see the recipe in the docstring")
+    raise NotImplementedError("simulate: the contract is in the docstring, hints in README.md")
 
 
 def summarize(result: RunResult) -> dict[str, float]:
-    """Throughput and latency, all in steps.
+    """Throughput and latency of a run, all in ticks. Returns a dict with exactly:
 
-    Recipe (``tl = result.timelines``):
-    - ``throughput``: total output tokens / ``result.makespan``;
-    - TTFT of a request: ``first_token_step + 1 - arrival_step``; report
-      ``ttft_mean`` (``np.mean``), ``ttft_p50`` and ``ttft_p99`` (``percentile``);
-    - ITL: the gaps between consecutive ``token_steps`` of each request;
-      ``itl_p50``, ``itl_p99`` (0.0 if there are none);
-    - ``itl_work_p99``: p99 over every token after a request's first of
-      ``result.step_tokens[tick]`` at the tick that produced it (0.0 if none);
-    - time in system of a request: ``finish_step + 1 - arrival_step``;
-      ``mean_in_system`` = its sum / makespan (Little's L),
-      ``mean_time_in_system`` = its mean (W), ``arrival_rate`` = requests / makespan.
-    Return a dict with exactly these keys.
+    * ``throughput``: output tokens per tick over the makespan;
+    * ``ttft_mean``, ``ttft_p50``, ``ttft_p99``: TTFT runs from arrival to the
+      *end* of the tick that sampled the first token (a request that arrives and
+      prefills in the same tick has TTFT 1); percentiles are ``percentile``'s;
+    * ``itl_p50``, ``itl_p99``: ticks between consecutive tokens of a request
+      (0.0 when no request has two tokens);
+    * ``itl_work_p99``: p99, over every token but each request's first, of the
+      total tokens scheduled at the tick that produced it (0.0 when none);
+    * ``mean_in_system`` (Little's L: time-average number of requests that have
+      arrived and not finished), ``mean_time_in_system`` (W, per request, counting
+      the finishing tick) and ``arrival_rate`` (requests per tick of makespan), so
+      that L = arrival_rate x W holds exactly.
     """
-    raise NotImplementedError("summarize: see the recipe in the docstring")
+    raise NotImplementedError("summarize: the contract is in the docstring, hints in README.md")
 
 
 def load_sweep(
