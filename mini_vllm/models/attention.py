@@ -89,12 +89,16 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray,
     # matrix is strided but BLAS-compatible, so no copy is made.
     scores = (qg @ k.transpose(0, 2, 3, 1)) * np.float32(scale)  # [B, kv, group*M, L]
     scores = scores.reshape(b, kv_heads, group, m, seq_len)
+    # The causal mask as an additive bias, -inf on keys past the query's
+    # position and 0 elsewhere, added in place (no second [B, kv, group, M, L]
+    # array). It needs finite scores, which holds because gather_kv zeroes
+    # every padded row: a NaN or 1e30 left in a slot never reaches a score.
     future = np.arange(seq_len)[None, None, :] > q_positions[:, :, None]  # [B, M, L]
-    scores = np.where(future[:, None, None], np.float32(-np.inf), scores)
+    scores += np.where(future, np.float32(-np.inf), np.float32(0))[:, None, None]
     # Stable softmax: subtract the row max. Every row sees its own key, so the
     # max is finite and no row is all -inf.
     scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
+    probs = np.exp(scores, out=scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     out = probs.reshape(b, kv_heads, group * m, seq_len) @ v.transpose(0, 2, 1, 3)
     out = out.reshape(b, kv_heads, group, m, head_dim).transpose(0, 3, 1, 2, 4)
