@@ -82,7 +82,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from threadpoolctl import threadpool_limits  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 import mini_vllm.engine as engine_mod  # noqa: E402
 import mini_vllm.models.llama as llama_mod  # noqa: E402
@@ -302,6 +302,13 @@ def main() -> None:
     print(f"- Prompts: {len(prompts)} requests, {min(lens)}-{max(lens)} tokens "
           f"(sum {sum(lens):,}); max_tokens {ARGS.max_tokens}; greedy; each cell runs "
           f"mini_vllm and transformers alternately, {ARGS.repeats} time(s) each")
+    blas = threadpool_info()
+    kernels = ", ".join(f"{b['internal_api']} {b.get('version')} ({b.get('architecture')})"
+                        for b in blas if b.get("user_api") == "blas")
+    forced = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    print(f"- numpy's BLAS: {kernels}"
+          + (f"; kernel forced by the environment: {forced}" if forced else
+             "; kernel chosen by OpenBLAS for this CPU"))
     print(f"- Load average (1/5/15 min) at the start: {load_before}\n", flush=True)
 
     with set_threads(1):  # warm-up: imports, allocator, BLAS buffers
