@@ -7,9 +7,10 @@ line of ``labs/README.md`` under its "Recommended order" heading that reads like
 ``Do them in this order: 01 → 02 → 05 → 06 → 03 → 04.`` (two-digit lab numbers
 joined by arrows; every lab exactly once). Without such a line, folder order.
 
-That one line is the single source: the book's sidebar (``course/book.py``) and the
+That one line is the single source: the book's sidebar (``course/book.py``), the
 footer of every phase page (``[← Previous page](…) · [Course home](…) · [Next page →](…)``)
-both follow it. ``python -m course nav`` rewrites the footers that disagree;
+and its header, when the page opens with the same line, all follow it.
+``python -m course nav`` rewrites the nav lines that disagree;
 ``--check`` only lists them (exit 1), and the test suite runs the check.
 """
 
@@ -109,40 +110,47 @@ def footer(page: str, prev: str | None, nxt: str | None) -> str:
 @dataclasses.dataclass
 class FooterProblem:
     page: str
-    found: str | None  # the current footer line, None when the page has none
+    found: str | None  # the current nav line (header or footer), None when the page has none
     wanted: str
+    where: str = "footer"  # or "header": the page's first line, when it is a nav line
 
 
 def footer_problems(root: pathlib.Path) -> list[FooterProblem]:
+    """Every nav line (a page's footer, and its header when it has one) that is out of order."""
     pages = course_pages(root)
     problems = []
     for i, page in enumerate(pages):
         prev = pages[i - 1] if i > 0 else None
         nxt = pages[i + 1] if i + 1 < len(pages) else None
         wanted = footer(page, prev, nxt)
-        found = _last_footer(root / page)
+        header, found = _nav_lines(root / page)
+        if header is not None and header != wanted:
+            problems.append(FooterProblem(page, header, wanted, "header"))
         if found != wanted:
             problems.append(FooterProblem(page, found, wanted))
     return problems
 
 
-def _last_footer(path: pathlib.Path) -> str | None:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for line in reversed(lines):
-        if line.strip():
-            return line.rstrip() if FOOTER_RE.match(line) else None
-    return None
+def _nav_lines(path: pathlib.Path) -> tuple[str | None, str | None]:
+    """(header, footer): the first and last non-empty lines, where they are nav lines."""
+    lines = [line.rstrip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        return None, None
+    header = lines[0] if FOOTER_RE.match(lines[0]) else None
+    footer_line = lines[-1] if FOOTER_RE.match(lines[-1]) and len(lines) > 1 else None
+    return header, footer_line
 
 
 def fix(root: pathlib.Path, problem: FooterProblem) -> None:
     path = root / problem.page
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    if problem.found is None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    if problem.where == "header":
+        lines[filled[0]] = problem.wanted
+    elif problem.found is None:
         lines += ["", problem.wanted]
     else:
-        last = max(i for i, line in enumerate(lines) if line.strip())
-        lines[last] = problem.wanted
+        lines[filled[-1]] = problem.wanted
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -150,15 +158,15 @@ def main(root: pathlib.Path, check: bool) -> int:
     problems = footer_problems(root)
     for p in problems:
         if check:
-            print(f"{p.page}: footer should be: {p.wanted}")
+            print(f"{p.page}: {p.where} should be: {p.wanted}")
         else:
             fix(root, p)
-            print(f"{p.page}: footer rewritten")
+            print(f"{p.page}: {p.where} rewritten")
     n = len(course_pages(root))
     if check and problems:
-        print(f"{len(problems)} of {n} pages have a footer out of reading order "
+        print(f"{len(problems)} nav lines of {n} pages are out of reading order "
               f"(python -m course nav rewrites them)")
         return 1
-    print(f"{n} pages checked, {len(problems)} footer{'s' if len(problems) != 1 else ''} "
+    print(f"{n} pages checked, {len(problems)} nav line{'s' if len(problems) != 1 else ''} "
           f"{'to fix' if check else 'rewritten'}")
     return 0

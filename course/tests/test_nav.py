@@ -62,6 +62,21 @@ def test_footers_are_rewritten_to_the_reading_order_and_then_check_clean(tmp_pat
     )
 
 
+def test_a_header_nav_line_is_rewritten_with_the_footer(tmp_path):
+    _phase(tmp_path, "Do them in this order: 01 → 03 → 02.")
+    lab3 = tmp_path / "phase-00-demo/labs/lab-03-x03/README.md"
+    lab3.write_text("[Course home](../../../README.md)\n\n# Lab 03\n\nbody\n", encoding="utf-8")
+    problems = nav.footer_problems(tmp_path)
+    assert {(p.page.split("/")[-2], p.where) for p in problems} >= {
+        ("lab-03-x03", "header"), ("lab-03-x03", "footer")}
+    nav.main(tmp_path, check=False)
+    lines = lab3.read_text(encoding="utf-8").strip().splitlines()
+    assert lines[0] == lines[-1] == (
+        "[← Previous page](../lab-01-x01/README.md) · [Course home](../../../README.md)"
+        " · [Next page →](../lab-02-x02/README.md)"
+    )
+
+
 def test_sidebar_lists_labs_in_the_recommended_order(tmp_path):
     _phase(tmp_path, "Do them in this order: 02 → 01 → 03.")
     plan = book.make_plan(tmp_path)
