@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="BLAS threads for numpy's matmuls (numpy's own default)")
     gen.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
                      help="run the transformer in numpy or in PyTorch on the CPU (numpy)")
+    gen.add_argument("--attention-backend", default="auto", metavar="NAME",
+                     help="attention kernel: auto, NUMPY_GATHER, NUMPY_FLASH, NUMPY_SPLIT_KV "
+                          "(numpy); TORCH_GATHER, TORCH_SDPA (torch) (auto)")
     gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off (0)")
@@ -146,7 +149,7 @@ def run_generate(args: argparse.Namespace) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs or 256,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_caching=args.enable_caching, max_model_len=args.max_model_len, seed=args.seed,
-        model_backend=args.backend,
+        model_backend=args.backend, attention_backend=args.attention_backend,
     )
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -55,6 +55,7 @@ class StepStats:
     preempted: list[str]
     finished: list[str]
     schedule_time_s: float  # wall time of Scheduler.schedule() alone
+    kv_rows_read: int = 0  # K/V rows the attention backend read, all layers (0: no attention)
 
 
 _MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
@@ -73,6 +74,12 @@ class LLMEngine:
     ``model_backend="torch"`` runs a named transformer in PyTorch on the CPU
     (for a GPU, pass ``get_model(name, backend="torch", device="cuda")``).
 
+    ``attention_backend`` is ``"auto"`` (the model platform's default kernel),
+    a name from ``AttentionBackendEnum`` (``"NUMPY_FLASH"``, ...) or an
+    ``AttentionBackend`` subclass. It is resolved here, before any request
+    runs; an explicit choice that cannot serve the model is an error, never
+    replaced by another (upstream: vllm/config/attention.py:17 AttentionConfig).
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -90,6 +97,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         model_backend: str = "numpy",
+        attention_backend: str | type = "auto",
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -127,12 +135,27 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
         self.model.init_kv_cache(num_blocks, block_size)
+        self.attention_backend = self._select_attention_backend(attention_backend, block_size)
         self.sampler = Sampler()
         self.seed = seed
         self.stats: list[StepStats] = []
         self.num_steps = 0
         self._num_added = 0
         self._generators: dict[str, np.random.Generator] = {}
+
+    def _select_attention_backend(self, choice: str | type, block_size: int) -> type | None:
+        """Resolve ``attention_backend`` for this model; None for a model without attention."""
+        if not hasattr(self.model, "set_attn_backend"):
+            if choice is None or (isinstance(choice, str) and choice.lower() == "auto"):
+                return None
+            raise ValueError(f"attention_backend must be 'auto' for a model without attention "
+                             f"layers ({type(self.model).__name__}), got {choice!r}")
+        from mini_vllm.models.attention_backends import get_attn_backend
+
+        backend_cls = get_attn_backend(self.model.config.head_dim, "float32", block_size,
+                                       backend=choice, platform=self.model.attn_platform)
+        self.model.set_attn_backend(backend_cls)
+        return backend_cls
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
@@ -207,10 +230,15 @@ class LLMEngine:
             raise RuntimeError("the scheduler scheduled nothing while requests wait: this is a bug")
 
         sampled: dict[str, int] = {}
-        num_decode = 0
+        num_decode = kv_rows_read = 0
+        backend = getattr(self.model, "attn_backend", None)
         if out.total_num_scheduled_tokens:
             reqs = out.scheduled_requests
+            if backend is not None:
+                backend.kv_rows_read = 0
             logits = self.model.execute(prepare_inputs(out, self.kv_cache_manager))
+            if backend is not None:
+                kv_rows_read = backend.kv_rows_read
             for row, req in enumerate(reqs):
                 n = out.num_scheduled_tokens[req.request_id]
                 if n == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
@@ -239,6 +267,7 @@ class LLMEngine:
             preempted=list(out.preempted_req_ids),
             finished=[r.request_id for r in finished],
             schedule_time_s=schedule_time,
+            kv_rows_read=kv_rows_read,
         ))
         return finished
 

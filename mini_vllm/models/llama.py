@@ -8,7 +8,7 @@ residual stream ``x`` (one row per scheduled token)::
     q, k, v = split(RMSNorm(x) @ qkv_proj)          # q: heads, k/v: kv_heads
     q, k    = RoPE(q, positions), RoPE(k, positions)
     write k, v into the paged cache at slot_mapping
-    x = x + paged_attention(q, cache, block tables) @ o_proj
+    x = x + attention(q, cache, block tables) @ o_proj   # the backend's kernel
     gate, up = split(RMSNorm(x) @ gate_up_proj)
     x = x + (silu(gate) * up) @ down_proj            # the SwiGLU MLP
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mini_vllm.model_input import ModelInput
-from mini_vllm.models.attention import paged_attention, write_kv
+from mini_vllm.models.attention import write_kv
+from mini_vllm.models.attention_backends import AttentionBackend, NumpyGatherBackend
 from mini_vllm.models.config import ModelConfig, rope_inv_freq
 
 
@@ -123,6 +124,13 @@ class LlamaForCausalLM:
         self.inv_freq = rope_inv_freq(config)
         self.scale = config.head_dim ** -0.5
         self.kv_cache: np.ndarray | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
+        self.attn_backend: AttentionBackend = NumpyGatherBackend()
+
+    attn_platform = "numpy"  # which AttentionBackend classes can serve this model
+
+    def set_attn_backend(self, backend_cls: type[AttentionBackend]) -> None:
+        """Use ``backend_cls`` (already validated by ``get_attn_backend``) in every layer."""
+        self.attn_backend = backend_cls()
 
     # -- the model interface -------------------------------------------------
     def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
@@ -170,7 +178,7 @@ class LlamaForCausalLM:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k_cache, v_cache = self.kv_cache[layer_idx]
             write_kv(k_cache, v_cache, k, v, model_input.slot_mapping)
-            attn = paged_attention(q, k_cache, v_cache, model_input, self.scale)
+            attn = self.attn_backend.forward(q, k_cache, v_cache, model_input, self.scale)
             out = attn.reshape(num_tokens, c.q_size) @ lw.o_proj
             if lw.o_bias is not None:
                 out += lw.o_bias

@@ -31,6 +31,7 @@ import torch
 
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models import DEVICES
+from mini_vllm.models.attention_backends import AttentionBackend, TorchGatherBackend
 from mini_vllm.models.config import ModelConfig
 from mini_vllm.models.llama import LayerWeights, LlamaForCausalLM, Weights, kv_cache_shape
 
@@ -82,6 +83,43 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch
     return torch.einsum("bhml,blhd->bmhd", probs, v)
 
 
+def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          model_input: ModelInput, scale: float, sdpa: bool = False) -> torch.Tensor:
+    """Every row of a mixed batch, one gather per distinct number of query rows.
+
+    ``sdpa=True`` hands each group to ``scaled_dot_product_attention`` with an
+    explicit bottom-right causal mask and ``enable_gqa`` instead of ``attend``
+    (the ``TORCH_SDPA`` backend); the gather is the same.
+    """
+    out = torch.empty_like(q)
+    qsl, device = model_input.query_start_loc, q.device
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    num_rows = np.diff(qsl)
+    for m in np.unique(num_rows[num_rows > 0]).tolist():
+        reqs = np.flatnonzero(num_rows == m)
+        rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()
+        seq_lens = model_input.seq_lens[reqs]
+        max_len = int(seq_lens.max())
+        tables = t(model_input.block_tables[reqs, :-(-max_len // k_cache.shape[1])])
+        k = gather_kv(k_cache, tables, t(seq_lens), max_len)
+        v = gather_kv(v_cache, tables, t(seq_lens), max_len)
+        rows_t = t(rows)
+        qb = q[rows_t].reshape(len(reqs), m, *q.shape[1:])
+        pos = t(model_input.positions[rows]).reshape(len(reqs), m)
+        if sdpa:
+            visible = torch.arange(max_len, device=device)[None, None, :] <= pos[:, :, None]
+            res = torch.nn.functional.scaled_dot_product_attention(
+                qb.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=visible[:, None], scale=scale, enable_gqa=True).transpose(1, 2)
+        else:
+            res = attend(qb, k, v, pos, scale)
+        out[rows_t] = res.reshape(len(rows), *q.shape[1:])
+    return out
+
+
 class TorchLlamaForCausalLM:
     """The transformer of ``llama.py`` in torch; pass ``device="cuda"`` to run it on a GPU."""
 
@@ -107,6 +145,13 @@ class TorchLlamaForCausalLM:
                                norm=self._tensor(weights.norm),
                                lm_head=self._tensor(weights.lm_head))
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
+        self.attn_backend: AttentionBackend = TorchGatherBackend()
+
+    attn_platform = "torch"  # which AttentionBackend classes can serve this model
+
+    def set_attn_backend(self, backend_cls: type[AttentionBackend]) -> None:
+        """Use ``backend_cls`` (already validated by ``get_attn_backend``) in every layer."""
+        self.attn_backend = backend_cls()
 
     @classmethod
     def from_numpy(cls, model: LlamaForCausalLM, device: str = "cpu") -> TorchLlamaForCausalLM:
@@ -160,7 +205,7 @@ class TorchLlamaForCausalLM:
             v = v.reshape(num_tokens, c.num_key_value_heads, c.head_dim)
             k_cache, v_cache = self.kv_cache[layer_idx]
             write_kv(k_cache, v_cache, k, v, slots)  # the whole batch, before any read
-            attn = self.paged_attention(q, k_cache, v_cache, model_input)
+            attn = self.attn_backend.forward(q, k_cache, v_cache, model_input, self.scale)
             x = x + linear(attn.reshape(num_tokens, c.q_size), lw.o_proj, lw.o_bias)
 
             gate_up = linear(rms_norm(x, lw.post_norm, c.rms_norm_eps), lw.gate_up_proj,
@@ -168,23 +213,3 @@ class TorchLlamaForCausalLM:
             gate, up = gate_up.split([c.intermediate_size, c.intermediate_size], dim=-1)
             x = x + linear(torch.nn.functional.silu(gate) * up, lw.down_proj, lw.down_bias)
         return x
-
-    def paged_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        model_input: ModelInput) -> torch.Tensor:
-        """Every row of a mixed batch, one group per distinct number of query rows."""
-        out = torch.empty_like(q)
-        qsl, t = model_input.query_start_loc, self._tensor
-        num_rows = np.diff(qsl)
-        for m in np.unique(num_rows[num_rows > 0]).tolist():
-            reqs = np.flatnonzero(num_rows == m)
-            rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()
-            seq_lens = model_input.seq_lens[reqs]
-            max_len = int(seq_lens.max())
-            tables = t(model_input.block_tables[reqs, :-(-max_len // k_cache.shape[1])])
-            k = gather_kv(k_cache, tables, t(seq_lens), max_len)
-            v = gather_kv(v_cache, tables, t(seq_lens), max_len)
-            rows_t = t(rows)
-            qb = q[rows_t].reshape(len(reqs), m, *q.shape[1:])
-            pos = t(model_input.positions[rows]).reshape(len(reqs), m)
-            out[rows_t] = attend(qb, k, v, pos, self.scale).reshape(len(rows), *q.shape[1:])
-        return out
