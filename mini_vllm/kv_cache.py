@@ -193,3 +193,26 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
+        """Leading blocks of ``request_id`` that *every* request holding KV shares.
+
+        A block is shared by all when its ``ref_cnt`` equals the number of
+        requests with blocks; counting stops at the first that is not. A request
+        that holds blocks but is not scheduled this step counts too, so the
+        answer can be 0 although every scheduled request shares a prefix (the
+        same caveat upstream documents). Cascade attention reads this many
+        blocks once for the whole batch.
+
+        upstream: vllm/v1/core/single_type_kv_cache_manager.py:531 FullAttentionManager.get_num_common_prefix_blocks
+        upstream: vllm/v1/core/kv_cache_manager.py:476 KVCacheManager.get_num_common_prefix_blocks
+        """
+        if request_id not in self.req_to_blocks:
+            raise ValueError(f"request_id {request_id!r} holds no KV blocks (it must be running)")
+        holders = len(self.req_to_blocks)
+        count = 0
+        for block in self.req_to_blocks[request_id]:
+            if block.ref_cnt != holders:
+                break
+            count += 1
+        return count

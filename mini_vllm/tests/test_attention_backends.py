@@ -311,3 +311,24 @@ def test_smollm2_golden_tokens_under_every_backend(name):
     assert [list(r.output_token_ids) for r in reqs] == [c["greedy_ids"][:n] for c in golden["chat"]]
     assert sum(len(s.preempted) for s in engine.stats) >= 1
     assert sum(s.num_cached_tokens for s in engine.stats) >= 16
+
+
+# ------------------------------------------------------------------ common prefix blocks
+def test_common_prefix_blocks_count_what_every_holder_shares():
+    engine = LLMEngine("tiny-random", block_size=4, num_blocks=64)
+    shared = list(range(1, 14))  # 13 tokens: 3 full blocks, shareable through the prefix cache
+    engine.add_request({"prompt_token_ids": shared + [20]}, GREEDY)
+    engine.step()  # the first request's full blocks are cached now
+    for tail in ([21, 22], [23]):
+        engine.add_request({"prompt_token_ids": shared + tail}, GREEDY)
+    engine.step()
+    kv = engine.kv_cache_manager
+    assert [kv.get_num_common_prefix_blocks(r) for r in ("req-0", "req-1", "req-2")] == [3, 3, 3]
+    # a fourth holder that shares nothing: no block is common to all any more
+    engine.add_request({"prompt_token_ids": [99, 98, 97]}, GREEDY)
+    engine.step()
+    assert kv.get_num_common_prefix_blocks("req-1") == 0
+    engine.abort_request("req-3")
+    assert kv.get_num_common_prefix_blocks("req-1") == 3
+    with pytest.raises(ValueError, match="request_id 'nope' holds no KV blocks"):
+        kv.get_num_common_prefix_blocks("nope")
