@@ -3,7 +3,7 @@
 Everything below the attention layer used to be one function,
 ``attention.paged_attention``. This module puts a seam there. A backend is a
 class that declares what it supports (dtypes, head sizes, block sizes, the
-"platform" it runs on) and implements one method::
+platforms it runs on: ``numpy``, ``torch`` on the CPU, ``cuda``) and implements one method::
 
     forward(q, k_cache, v_cache, model_input, scale) -> out      # [T, heads, head_dim]
 
@@ -18,7 +18,7 @@ The backends, all exact (they differ in the order of the additions, so in the
 last bits of float32, never in the math):
 
 ==================  =========  =======================================================
-name                platform   how it reads the cache
+name                platforms  how it reads the cache
 ==================  =========  =======================================================
 ``NUMPY_GATHER``    numpy      gathers each group's keys into a padded array, one
                                masked softmax (``attention.paged_attention``; default)
@@ -26,9 +26,12 @@ name                platform   how it reads the cache
                                online-softmax state; no gather, no padding
 ``NUMPY_SPLIT_KV``  numpy      cuts each request's blocks into partitions, attends each,
                                merges the partial results by log-sum-exp
-``TORCH_GATHER``    torch      the torch model's gather and masked softmax (default)
-``TORCH_SDPA``      torch      the same gather, then
-                               ``torch.nn.functional.scaled_dot_product_attention``
+``TORCH_GATHER``    torch,     the torch model's gather and masked softmax (default)
+                    cuda
+``TORCH_SDPA``      torch,     the same gather, then
+                    cuda       ``torch.nn.functional.scaled_dot_product_attention``
+``TRITON_DECODE``   cuda       decode rows through a Triton kernel that walks the block
+                               table (``triton_attention.py``); prefill chunks gathered
 ==================  =========  =======================================================
 
 Choosing follows vLLM's two paths (``get_attn_backend``): an explicit choice is
@@ -50,6 +53,7 @@ upstream: vllm/v1/attention/ops/merge_attn_states.py:9 merge_attn_states
 from __future__ import annotations
 
 import enum
+import importlib
 from typing import ClassVar
 
 import numpy as np
@@ -57,7 +61,7 @@ import numpy as np
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models.attention import paged_attention
 
-PLATFORMS = ("numpy", "torch")
+PLATFORMS = ("numpy", "torch", "cuda")  # numpy on the CPU; torch on the CPU; torch on a GPU
 
 
 class AttentionBackend:
@@ -70,7 +74,7 @@ class AttentionBackend:
     """
 
     name: ClassVar[str] = ""
-    platform: ClassVar[str] = "numpy"
+    platforms: ClassVar[tuple[str, ...]] = ("numpy",)
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
 
     def __init__(self) -> None:
@@ -100,7 +104,7 @@ class AttentionBackend:
             reasons.append("dtype not supported")
         if not cls.supports_block_size(block_size):
             reasons.append("block_size not supported")
-        if platform != cls.platform:
+        if platform not in cls.platforms:
             reasons.append(f"platform {platform} not supported")
         return reasons
 
@@ -303,7 +307,7 @@ class TorchGatherBackend(AttentionBackend):
     """The torch model's kernel: the same grouped gather and masked softmax, in torch."""
 
     name = "TORCH_GATHER"
-    platform = "torch"
+    platforms = ("torch", "cuda")
 
     def forward(self, q, k_cache, v_cache, model_input, scale):
         from mini_vllm.models.torch_backend import paged_attention_torch
@@ -332,7 +336,7 @@ class TorchSDPABackend(AttentionBackend):
     """
 
     name = "TORCH_SDPA"
-    platform = "torch"
+    platforms = ("torch", "cuda")
 
     def forward(self, q, k_cache, v_cache, model_input, scale):
         from mini_vllm.models.torch_backend import paged_attention_torch
@@ -343,16 +347,22 @@ class TorchSDPABackend(AttentionBackend):
 
 # ----------------------------------------------------------------- registry and selector
 class AttentionBackendEnum(enum.Enum):
-    """Every backend by name; ``AttentionBackendEnum.NUMPY_FLASH.get_class()``."""
+    """Every backend by name; the value is its class path, imported on ``get_class()``.
 
-    NUMPY_GATHER = NumpyGatherBackend
-    NUMPY_FLASH = NumpyFlashBackend
-    NUMPY_SPLIT_KV = NumpySplitKVBackend
-    TORCH_GATHER = TorchGatherBackend
-    TORCH_SDPA = TorchSDPABackend
+    Paths, not classes, as upstream: a backend whose module needs an optional
+    package (``TRITON_DECODE`` needs triton) costs nothing until it is chosen.
+    """
+
+    NUMPY_GATHER = "mini_vllm.models.attention_backends.NumpyGatherBackend"
+    NUMPY_FLASH = "mini_vllm.models.attention_backends.NumpyFlashBackend"
+    NUMPY_SPLIT_KV = "mini_vllm.models.attention_backends.NumpySplitKVBackend"
+    TORCH_GATHER = "mini_vllm.models.attention_backends.TorchGatherBackend"
+    TORCH_SDPA = "mini_vllm.models.attention_backends.TorchSDPABackend"
+    TRITON_DECODE = "mini_vllm.models.triton_attention.TritonDecodeBackend"
 
     def get_class(self) -> type[AttentionBackend]:
-        return self.value
+        module, _, cls = self.value.rpartition(".")
+        return getattr(importlib.import_module(module), cls)
 
     @classmethod
     def from_name(cls, name: str) -> AttentionBackendEnum:
@@ -370,6 +380,8 @@ PRIORITIES: dict[str, tuple[AttentionBackendEnum, ...]] = {
     "numpy": (AttentionBackendEnum.NUMPY_GATHER, AttentionBackendEnum.NUMPY_FLASH,
               AttentionBackendEnum.NUMPY_SPLIT_KV),
     "torch": (AttentionBackendEnum.TORCH_GATHER, AttentionBackendEnum.TORCH_SDPA),
+    "cuda": (AttentionBackendEnum.TORCH_GATHER, AttentionBackendEnum.TORCH_SDPA,
+             AttentionBackendEnum.TRITON_DECODE),
 }
 
 

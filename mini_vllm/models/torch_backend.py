@@ -147,7 +147,10 @@ class TorchLlamaForCausalLM:
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
         self.attn_backend: AttentionBackend = TorchGatherBackend()
 
-    attn_platform = "torch"  # which AttentionBackend classes can serve this model
+    @property
+    def attn_platform(self) -> str:
+        """Which AttentionBackend classes can serve this model: "torch" (CPU) or "cuda"."""
+        return "cuda" if self.device.type == "cuda" else "torch"
 
     def set_attn_backend(self, backend_cls: type[AttentionBackend]) -> None:
         """Use ``backend_cls`` (already validated by ``get_attn_backend``) in every layer."""

@@ -93,8 +93,8 @@ def test_auto_takes_the_first_valid_backend_in_priority_order(monkeypatch):
 def test_bad_backend_arguments_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
         get_attn_backend(16, "float32", 4, bad)
-    with pytest.raises(ValueError, match="platform must be one of numpy, torch"):
-        get_attn_backend(16, "float32", 4, platform="cuda")
+    with pytest.raises(ValueError, match="platform must be one of numpy, torch, cuda"):
+        get_attn_backend(16, "float32", 4, platform="tpu")
 
 
 # ------------------------------------------------------------------ the kernels
@@ -332,3 +332,50 @@ def test_common_prefix_blocks_count_what_every_holder_shares():
     assert kv.get_num_common_prefix_blocks("req-1") == 3
     with pytest.raises(ValueError, match="request_id 'nope' holds no KV blocks"):
         kv.get_num_common_prefix_blocks("nope")
+
+
+# ------------------------------------------------------------------ Triton decode (torch path)
+def test_triton_decode_declares_its_limits_and_its_import():
+    from mini_vllm.models import triton_attention
+
+    cls = AttentionBackendEnum.TRITON_DECODE.get_class()
+    assert cls is triton_attention.TritonDecodeBackend and cls.platforms == ("cuda",)
+    if triton_attention.triton is None:
+        # upstream's reason when a backend's module cannot be imported
+        assert cls.validate_configuration(64, "float32", 16, "cuda") == ["ImportError"]
+        with pytest.raises(ValueError, match=r"Selected backend TRITON_DECODE .* Reason: \['ImportError'\]"):
+            get_attn_backend(64, "float32", 16, "TRITON_DECODE", platform="cuda")
+    else:
+        assert cls.validate_configuration(64, "float32", 16, "cuda") == []
+        assert cls.validate_configuration(48, "float32", 12, "torch") == [
+            "head_size not supported", "block_size not supported", "platform torch not supported"]
+    assert get_attn_backend(64, "float32", 16, platform="torch").name == "TORCH_GATHER"
+    assert get_attn_backend(64, "float32", 16, platform="cuda").name == "TORCH_GATHER"
+
+
+@pytest.mark.gpu
+def test_triton_decode_equals_the_gather_kernel_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from mini_vllm.models import get_model
+
+    results = {}
+    for name in ("TORCH_GATHER", "TORCH_SDPA", "TRITON_DECODE"):
+        model = get_model("tiny-random", backend="torch", device="cuda")
+        engine = LLMEngine(model, block_size=4, num_blocks=128, max_num_batched_tokens=7,
+                           attention_backend=name)
+        logits, execute = [], engine.model.execute
+        engine.model.execute = lambda mi, out=logits, execute=execute: out.append(execute(mi)) or out[-1]
+        reqs = engine.generate(PROMPTS, GREEDY)
+        results[name] = ([list(r.output_token_ids) for r in reqs], logits, engine)
+    base_tokens, base_logits, _ = results["TORCH_GATHER"]
+    for name in ("TORCH_SDPA", "TRITON_DECODE"):
+        tokens, logits, engine = results[name]
+        assert tokens == base_tokens, name
+        for a, b in zip(logits, base_logits, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+    # decode steps read whole blocks only: never more than the padded gather
+    gather_stats, triton_stats = results["TORCH_GATHER"][2].stats, results["TRITON_DECODE"][2].stats
+    assert sum(s.kv_rows_read for s in triton_stats) <= sum(s.kv_rows_read for s in gather_stats)
