@@ -99,12 +99,13 @@ def attention_with_lse(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float
 
 def merge_attn_states(prefix_out: np.ndarray, prefix_lse: np.ndarray,
                       suffix_out: np.ndarray, suffix_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Given (lab 04's merge). Combine two normalized partial attentions.
+    """Given (lab 04's merge, cut to what cascade needs). Merge two partial attentions.
 
     prefix_out, suffix_out: ``[T, H, D]``; prefix_lse, suffix_lse: ``[H, T]``
     (vLLM's shapes). Returns ``(out [T, H, D], lse [H, T])``: the attention over
     the union of both key sets. A side whose LSE is ``-inf`` (no keys)
-    contributes nothing; both ``-inf`` gives ``out = 0``, ``lse = -inf``.
+    contributes nothing; both ``-inf`` gives ``out = 0``, ``lse = -inf``. (Lab 04's
+    full version adds upstream's ``+inf`` rule and ``prefill_tokens_with_context``.)
 
     upstream: vllm/v1/attention/ops/merge_attn_states.py:9 merge_attn_states
     """
