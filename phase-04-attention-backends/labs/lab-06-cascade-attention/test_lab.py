@@ -290,6 +290,28 @@ def test_engine_decode_step_reads_1024_rows_instead_of_4608(measured):
     assert m.rows_plain - m.rows_cascade == 3584
 
 
+def test_agrees_with_the_engines_own_counters():
+    """mini_vllm counts both things itself: common blocks in its cache manager, rows per step."""
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.sampling_params import SamplingParams
+
+    engine = LLMEngine("tiny-random", block_size=16, attention_backend="NUMPY_FLASH")
+    rng = np.random.default_rng(3)
+    prefix = rng.integers(1, 200, 64).tolist()  # 4 whole blocks, shared by all
+    for _ in range(4):
+        engine.add_request({"prompt_token_ids": prefix + rng.integers(1, 200, 15).tolist()},
+                           SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    engine.step()  # the 4 prefills (79 tokens each): the prefix blocks are shared from the 2nd on
+    kv = engine.kv_cache_manager
+    tables = [kv.get_block_ids(f"req-{i}") for i in range(4)]
+    refs = {b.block_id: b.ref_cnt for b in kv.block_pool.blocks}
+    assert impl.num_common_prefix_blocks(tables, refs) == kv.get_num_common_prefix_blocks("req-0") == 4
+    engine.step()  # one decode each: seq_len 80 = 5 whole blocks, in each of tiny-random's 2 layers
+    assert engine.stats[-1].num_decode_tokens == 4
+    assert engine.stats[-1].kv_rows_read == 2 * impl.kv_rows_read([80] * 4, 0) == 2 * 320
+    assert impl.kv_rows_read([80] * 4, impl.cascade_prefix_len(4, 16, [79] * 4)) == 64 + 4 * 16
+
+
 def test_smallest_engine_measurement():
     # One request, one shared token, one own token, blocks of one token: 3 keys at decode.
     m = impl.measure_shared_prefix_decode(num_requests=1, prefix_len=1, own_len=2, block_size=1)
