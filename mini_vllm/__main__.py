@@ -15,6 +15,7 @@ The default ``--model`` is ``tiny-random`` (the seeded numpy transformer in
 from __future__ import annotations
 
 import argparse
+import json
 import contextlib
 import importlib.util
 import sys
@@ -83,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--attention-backend", default="auto", metavar="NAME",
                      help="attention kernel: auto, NUMPY_GATHER, NUMPY_FLASH, NUMPY_SPLIT_KV "
                           "(numpy); TORCH_GATHER, TORCH_SDPA (torch) (auto)")
+    gen.add_argument("--compilation-config", type=_json_object, default=None, metavar="JSON",
+                     help='torch model only, e.g. \'{"mode": "VLLM_COMPILE", "cudagraph_mode": "PIECEWISE"}\' '
+                          "(off: eager)")
+    gen.add_argument("--enforce-eager", action="store_true",
+                     help="no torch.compile, no CUDA graphs, whatever --compilation-config says")
     gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off (0)")
@@ -143,6 +149,17 @@ def chat_prompts(llm: LLM, prompts: list[str], model: str) -> list[str]:
                                     tokenize=False) for p in prompts]
 
 
+def _json_object(text: str) -> dict:
+    """--compilation-config: a JSON object, else a clear one-line error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def run_generate(args: argparse.Namespace) -> None:
     llm = LLM(
         args.model, block_size=args.block_size, num_blocks=args.num_blocks or 1024,
@@ -150,6 +167,7 @@ def run_generate(args: argparse.Namespace) -> None:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_caching=args.enable_caching, max_model_len=args.max_model_len, seed=args.seed,
         model_backend=args.backend, attention_backend=args.attention_backend,
+        compilation_config=args.compilation_config, enforce_eager=args.enforce_eager,
     )
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

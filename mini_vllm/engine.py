@@ -56,6 +56,8 @@ class StepStats:
     finished: list[str]
     schedule_time_s: float  # wall time of Scheduler.schedule() alone
     kv_rows_read: int = 0  # K/V rows the attention backend read, all layers (0: no attention)
+    padded_tokens: int = 0  # rows added to reach a CUDA-graph capture size (0: not padded)
+    cudagraph_mode: str = "NONE"  # the step's runtime mode: NONE or PIECEWISE
 
 
 _MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
@@ -80,6 +82,12 @@ class LLMEngine:
     runs; an explicit choice that cannot serve the model is an error, never
     replaced by another (upstream: vllm/config/attention.py:17 AttentionConfig).
 
+    ``compilation_config`` (a dict or ``mini_vllm.compilation.CompilationConfig``)
+    turns on ``torch.compile`` (``{"mode": "VLLM_COMPILE"}``) and piecewise CUDA
+    graphs (``"cudagraph_mode": "PIECEWISE"``) for the torch model; off by default.
+    ``enforce_eager=True`` turns both off whatever the config says, as in vLLM
+    (upstream: vllm/config/vllm.py:1032 enforce_eager).
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -98,6 +106,8 @@ class LLMEngine:
         seed: int = 0,
         model_backend: str = "numpy",
         attention_backend: str | type = "auto",
+        compilation_config: dict | object | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -136,6 +146,8 @@ class LLMEngine:
         )
         self.model.init_kv_cache(num_blocks, block_size)
         self.attention_backend = self._select_attention_backend(attention_backend, block_size)
+        self.compilation_config = self._configure_compilation(compilation_config, enforce_eager,
+                                                              max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
         self.seed = seed
         self.stats: list[StepStats] = []
@@ -156,6 +168,23 @@ class LLMEngine:
                                        backend=choice, platform=self.model.attn_platform)
         self.model.set_attn_backend(backend_cls)
         return backend_cls
+
+    def _configure_compilation(self, config, enforce_eager: bool, max_num_seqs: int,
+                               max_num_batched_tokens: int):
+        from mini_vllm.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
+
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+        config = CompilationConfig.from_any(config)
+        if enforce_eager:
+            config.mode, config.cudagraph_mode = CompilationMode.NONE, CUDAGraphMode.NONE
+        if not hasattr(self.model, "configure_compilation"):
+            if config.mode != CompilationMode.NONE or config.cudagraph_mode != CUDAGraphMode.NONE:
+                raise ValueError(f"compilation_config applies to the torch model "
+                                 f"(model_backend='torch'); {type(self.model).__name__} runs eagerly only")
+            return config
+        self.model.configure_compilation(config, max_num_seqs, max_num_batched_tokens)
+        return config
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
@@ -230,7 +259,8 @@ class LLMEngine:
             raise RuntimeError("the scheduler scheduled nothing while requests wait: this is a bug")
 
         sampled: dict[str, int] = {}
-        num_decode = kv_rows_read = 0
+        num_decode = kv_rows_read = padded = 0
+        graph_mode = "NONE"
         backend = getattr(self.model, "attn_backend", None)
         if out.total_num_scheduled_tokens:
             reqs = out.scheduled_requests
@@ -239,6 +269,8 @@ class LLMEngine:
             logits = self.model.execute(prepare_inputs(out, self.kv_cache_manager))
             if backend is not None:
                 kv_rows_read = backend.kv_rows_read
+            padded = getattr(self.model, "last_padded_tokens", 0)
+            graph_mode = getattr(getattr(self.model, "last_cudagraph_mode", None), "name", "NONE")
             for row, req in enumerate(reqs):
                 n = out.num_scheduled_tokens[req.request_id]
                 if n == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
@@ -268,6 +300,8 @@ class LLMEngine:
             finished=[r.request_id for r in finished],
             schedule_time_s=schedule_time,
             kv_rows_read=kv_rows_read,
+            padded_tokens=padded,
+            cudagraph_mode=graph_mode,
         ))
         return finished
 

@@ -29,6 +29,9 @@ import dataclasses
 import numpy as np
 import torch
 
+from mini_vllm.compilation.config import CompilationConfig
+from mini_vllm.compilation.dispatcher import CudagraphDispatcher
+from mini_vllm.compilation.forward_context import ForwardContext, get_forward_context, set_forward_context
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models import DEVICES
 from mini_vllm.models.attention_backends import AttentionBackend, TorchGatherBackend
@@ -146,6 +149,14 @@ class TorchLlamaForCausalLM:
                                lm_head=self._tensor(weights.lm_head))
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
         self.attn_backend: AttentionBackend = TorchGatherBackend()
+        self._static_ptrs = frozenset(t.data_ptr() for t in self._all_weights())
+        self.configure_compilation(CompilationConfig(), 1, 1)  # eager until the engine says otherwise
+
+    def _all_weights(self):
+        yield from (self.weights.embed_tokens, self.weights.norm, self.weights.lm_head, self.inv_freq)
+        for lw in self.weights.layers:
+            yield from (getattr(lw, f.name) for f in dataclasses.fields(LayerWeights)
+                        if getattr(lw, f.name) is not None)
 
     @property
     def attn_platform(self) -> str:
@@ -179,6 +190,29 @@ class TorchLlamaForCausalLM:
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
 
+    def configure_compilation(self, config: CompilationConfig, max_num_seqs: int,
+                              max_num_batched_tokens: int) -> None:
+        """Compile the forward pass and set up CUDA-graph dispatch (``LLMEngine`` calls this once).
+
+        With ``mode`` NONE the forward runs eagerly, as before. With VLLM_COMPILE
+        it runs through ``torch.compile`` and ``MiniVllmBackend`` (split at
+        attention; dynamic in the token count, so one Dynamo graph serves every
+        batch size above 1). With PIECEWISE graphs each batch is padded up to a
+        capture size and the pieces between attention ops replay CUDA graphs.
+        """
+        from mini_vllm.compilation.backend import MiniVllmBackend
+        from mini_vllm.compilation.config import CompilationMode
+
+        self.compilation_config = config
+        sizes = config.resolve_capture_sizes(max_num_seqs, max_num_batched_tokens)
+        self.dispatcher = CudagraphDispatcher(sizes, max_num_seqs, config.cudagraph_mode)
+        self.compile_backend = None
+        self._forward_fn = self.forward_tokens
+        if config.mode == CompilationMode.VLLM_COMPILE:
+            self.compile_backend = MiniVllmBackend(config)
+            self._forward_fn = torch.compile(self.forward_tokens, backend=self.compile_backend,
+                                             fullgraph=True, dynamic=True)
+
     @torch.inference_mode()
     def execute(self, model_input: ModelInput) -> np.ndarray:
         """Run one step; return float32 numpy logits [num_reqs, vocab] at ``logits_indices``."""
@@ -193,26 +227,73 @@ class TorchLlamaForCausalLM:
 
     # -- the forward pass ----------------------------------------------------
     def forward(self, model_input: ModelInput) -> torch.Tensor:
-        """The residual stream after the last layer, every row: [T, hidden]."""
-        c, w, t = self.config, self.weights, self._tensor
+        """The residual stream after the last layer, the real rows: [T, hidden].
+
+        Dispatches the step (padding it to a capture size when graphs are on),
+        sets the forward context the attention op reads, and runs the forward
+        pass, eager or compiled.
+        """
         num_tokens = model_input.num_tokens
-        x = w.embed_tokens[t(model_input.token_ids)]
-        angles = t(model_input.positions).to(torch.float32)[:, None] * self.inv_freq[None, :]
+        qsl = model_input.query_start_loc
+        uniform_decode = bool((np.diff(qsl) == 1).all())
+        mode, desc = self.dispatcher.dispatch(num_tokens, uniform_decode)
+        pad = desc.num_tokens - num_tokens
+        ids, pos = model_input.token_ids, model_input.positions
+        if pad:  # pad rows: token 0 at position 0; they write no KV and their outputs are dropped
+            ids = np.concatenate([ids, np.zeros(pad, dtype=ids.dtype)])
+            pos = np.concatenate([pos, np.zeros(pad, dtype=pos.dtype)])
+        self.last_padded_tokens, self.last_cudagraph_mode = pad, mode
+        context = ForwardContext(model_input, self.kv_cache, self.attn_backend, self.scale, num_tokens,
+                                 desc, mode, self._tensor(model_input.slot_mapping), self._static_ptrs)
+        with set_forward_context(context):
+            return self._forward_fn(self._tensor(ids), self._tensor(pos))[:num_tokens]
+
+    def forward_tokens(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Tensors in, tensors out: what ``torch.compile`` traces. [T] ids, [T] positions -> [T, hidden].
+
+        The only call Dynamo cannot see into is the attention op, one per
+        layer; it finds the step's metadata in the forward context.
+        """
+        c, w = self.config, self.weights
+        x = w.embed_tokens[input_ids]
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         cos, sin = torch.cos(angles), torch.sin(angles)
-        slots = t(model_input.slot_mapping)
         for layer_idx, lw in enumerate(w.layers):
             qkv = linear(rms_norm(x, lw.input_norm, c.rms_norm_eps), lw.qkv_proj, lw.qkv_bias)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q = apply_rope(q.reshape(num_tokens, c.num_attention_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.reshape(num_tokens, c.num_key_value_heads, c.head_dim), cos, sin)
-            v = v.reshape(num_tokens, c.num_key_value_heads, c.head_dim)
-            k_cache, v_cache = self.kv_cache[layer_idx]
-            write_kv(k_cache, v_cache, k, v, slots)  # the whole batch, before any read
-            attn = self.attn_backend.forward(q, k_cache, v_cache, model_input, self.scale)
-            x = x + linear(attn.reshape(num_tokens, c.q_size), lw.o_proj, lw.o_bias)
+            q = apply_rope(q.reshape(-1, c.num_attention_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.reshape(-1, c.num_key_value_heads, c.head_dim), cos, sin)
+            v = v.reshape(-1, c.num_key_value_heads, c.head_dim)
+            attn = torch.ops.mini_vllm.unified_attention(q, k, v, layer_idx)
+            x = x + linear(attn.reshape(-1, c.q_size), lw.o_proj, lw.o_bias)
 
             gate_up = linear(rms_norm(x, lw.post_norm, c.rms_norm_eps), lw.gate_up_proj,
                              lw.gate_up_bias)
             gate, up = gate_up.split([c.intermediate_size, c.intermediate_size], dim=-1)
             x = x + linear(torch.nn.functional.silu(gate) * up, lw.down_proj, lw.down_bias)
         return x
+
+
+@torch.library.custom_op("mini_vllm::unified_attention", mutates_args=())
+def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
+    """Write this step's K/V of layer ``layer_idx`` into the cache, then attend: one opaque op.
+
+    Only the first ``num_tokens`` rows are real; pad rows write nothing and get
+    zeros. The cache and metadata come from the forward context, so the op's
+    signature holds tensors only and Dynamo can leave it as a single node.
+
+    upstream: vllm/model_executor/layers/attention/attention.py:734 unified_attention_with_output
+    upstream: vllm/model_executor/layers/attention/attention.py:691 unified_kv_cache_update
+    """
+    ctx = get_forward_context()
+    n = ctx.num_tokens
+    k_cache, v_cache = ctx.kv_cache[layer_idx]
+    write_kv(k_cache, v_cache, k[:n], v[:n], ctx.slot_mapping)  # the whole batch, before any read
+    out = torch.zeros_like(q)
+    out[:n] = ctx.attn_backend.forward(q[:n], k_cache, v_cache, ctx.model_input, ctx.scale)
+    return out
+
+
+@unified_attention.register_fake
+def _unified_attention_fake(q, k, v, layer_idx):
+    return torch.empty_like(q)
