@@ -46,16 +46,23 @@ class CUDAGraphMode(enum.Enum):
         """A pair: uniform-decode batches and mixed batches get different modes."""
         return isinstance(self.value, tuple)
 
+    def _pair(self) -> tuple[CUDAGraphMode, CUDAGraphMode]:
+        """(mode for uniform decodes, mode for everything else); a plain mode serves both."""
+        if not isinstance(self.value, tuple):
+            return self, self
+        return CUDAGraphMode(self.value[0]), CUDAGraphMode(self.value[1])
+
     def decode_mode(self) -> CUDAGraphMode:
-        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+        return self._pair()[0]
 
     def mixed_mode(self) -> CUDAGraphMode:
-        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+        return self._pair()[1]
 
     def has_mode(self, mode: CUDAGraphMode) -> bool:
-        if mode.separate_routine():
+        """Does this setting ever run ``mode`` (NONE, PIECEWISE or FULL) for some batch?"""
+        if isinstance(mode.value, tuple):
             raise ValueError(f"mode must be a runtime mode (NONE, PIECEWISE, FULL), got {mode.name}")
-        return mode.value in self.value if self.separate_routine() else self == mode
+        return mode in self._pair()
 
     def requires_piecewise_compilation(self) -> bool:
         return self.has_mode(CUDAGraphMode.PIECEWISE)
