@@ -274,13 +274,13 @@ class TorchLlamaForCausalLM:
         return x
 
 
-@torch.library.custom_op("mini_vllm::unified_attention", mutates_args=())
 def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> torch.Tensor:
     """Write this step's K/V of layer ``layer_idx`` into the cache, then attend: one opaque op.
 
     Only the first ``num_tokens`` rows are real; pad rows write nothing and get
     zeros. The cache and metadata come from the forward context, so the op's
     signature holds tensors only and Dynamo can leave it as a single node.
+    Registered below as ``torch.ops.mini_vllm.unified_attention``.
 
     upstream: vllm/model_executor/layers/attention/attention.py:734 unified_attention_with_output
     upstream: vllm/model_executor/layers/attention/attention.py:691 unified_kv_cache_update
@@ -294,6 +294,16 @@ def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_i
     return out
 
 
-@unified_attention.register_fake
 def _unified_attention_fake(q, k, v, layer_idx):
+    """What Dynamo sees while tracing: only the output's shape, dtype and device."""
     return torch.empty_like(q)
+
+
+# Registered with the low-level torch.library API, as vLLM's direct_register_custom_op does:
+# torch.library.custom_op would wrap every eager call in a Dynamo guard, whose first use imports
+# torch._dynamo (about 3 s here) even in a model that is never compiled.
+# upstream: vllm/utils/torch_utils.py:949 direct_register_custom_op
+_LIB = torch.library.Library("mini_vllm", "FRAGMENT")
+_LIB.define("unified_attention(Tensor q, Tensor k, Tensor v, int layer_idx) -> Tensor")
+_LIB.impl("unified_attention", unified_attention, "CompositeExplicitAutograd")
+torch.library.register_fake("mini_vllm::unified_attention", _unified_attention_fake, lib=_LIB)
