@@ -302,7 +302,7 @@ def _unified_attention_fake(q, k, v, layer_idx):
 # Registered with the low-level torch.library API, as vLLM's direct_register_custom_op does:
 # torch.library.custom_op would wrap every eager call in a Dynamo guard, whose first use imports
 # torch._dynamo (about 3 s here) even in a model that is never compiled.
-# upstream: vllm/utils/torch_utils.py:949 direct_register_custom_op
+# upstream: vllm/utils/torch_utils.py:931 direct_register_custom_op
 _LIB = torch.library.Library("mini_vllm", "FRAGMENT")
 _LIB.define("unified_attention(Tensor q, Tensor k, Tensor v, int layer_idx) -> Tensor")
 _LIB.impl("unified_attention", unified_attention, "CompositeExplicitAutograd")

@@ -73,7 +73,7 @@ def run_vllm(impl, batches: list[int], max_tokens: int) -> None:
             done = impl.parse_capture_finished(line)
             if done is not None:
                 print(f"    parsed summary: {done.seconds:.0f} s, {done.gib:.2f} GiB")
-        result = next((json.loads(l[7:]) for l in log.splitlines() if l.startswith("RESULT ")), None)
+        result = next((json.loads(s[7:]) for s in log.splitlines() if s.startswith("RESULT ")), None)
         if result is None:
             print("    no result; the log ends with:\n" + "\n".join(log.splitlines()[-15:]))
             return

@@ -25,8 +25,8 @@ Given, complete in both files: ``CaptureBar``, ``CaptureFinished``,
 ``compare_mini_vllm``.
 
 upstream: vllm/v1/worker/gpu_model_runner.py:6373 capture_model
-upstream: vllm/v1/worker/gpu_model_runner.py:6518 desc
-upstream: vllm/v1/worker/gpu_model_runner.py:6457 Graph capturing finished
+upstream: vllm/v1/worker/gpu_model_runner.py:6518-6521 cudagraph_runtime_mode.name
+upstream: vllm/v1/worker/gpu_model_runner.py:6456 info_once
 upstream: vllm/v1/cudagraph_dispatcher.py:170 initialize_cudagraph_keys
 upstream: vllm/v1/cudagraph_dispatcher.py:330 get_capture_descs
 upstream: vllm/engine/arg_utils.py:2282 get_batch_defaults
