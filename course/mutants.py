@@ -478,6 +478,10 @@ def _lab_imports(lab: pathlib.Path) -> set[str]:
             else:
                 continue
             wanted.update(n for n in names if n.split(".")[0] in PRELOAD_ROOTS)
+    if any(n.split(".")[0] == "torch" for n in wanted):
+        # torch.compile and make_fx import Dynamo on first use (about 3 s): once per worker
+        # rather than once per mutant
+        wanted.add("torch._dynamo")
     return wanted
 
 

@@ -65,7 +65,8 @@ def split_graph(gm: torch.fx.GraphModule, splitting_ops: list[str]) -> tuple[tor
             piece += 1
             piece_of[node] = piece
             splitting.append(piece)
-            piece += 1
+            # back-to-back splitting ops share one piece: the next one's += 1 lands here again
+            piece += -1 if _is_splitting_op(node.next, splitting_ops) else 1
         else:
             piece_of[node] = piece
     # keep_original_order: the attention op writes the KV cache, so no node may move across it

@@ -193,6 +193,8 @@ def test_enforce_eager_wins_and_the_numpy_model_refuses_compilation():
 
 
 def test_the_attention_op_needs_a_forward_context():
+    import mini_vllm.models.torch_backend  # noqa: F401  (registers the op)
+
     q = torch.zeros(2, 4, 16)
     with pytest.raises(RuntimeError, match="no forward context is set"):
         torch.ops.mini_vllm.unified_attention(q, q[:, :2], q[:, :2], 0)
@@ -213,3 +215,22 @@ def test_piecewise_cuda_graphs_replay_and_equal_eager_on_a_gpu():
     assert captured <= {1, 2, 4, 7} and captured
     assert all(w.num_eager_calls == 0 for w in wrappers)
     assert sum(e.num_replays for w in wrappers for e in w.entries.values()) > 0
+
+
+def test_split_graph_cuts_at_attention_and_keeps_back_to_back_ops_together():
+    import torch.fx
+
+    import mini_vllm.models.torch_backend  # noqa: F401  (registers the op)
+    from mini_vllm.compilation.backend import split_graph
+
+    def f(q, k, v):
+        a = torch.ops.mini_vllm.unified_attention(q * 2, k, v, 0)
+        b = torch.ops.mini_vllm.unified_attention(a, k, v, 1)  # right after the first
+        return torch.ops.mini_vllm.unified_attention(b + 1, k, v, 2) - 3
+
+    gm = torch.fx.symbolic_trace(f)
+    _, items = split_graph(gm, ["mini_vllm::unified_attention"])
+    # pieces: [q * 2], [attn 0, attn 1], [+ 1], [attn 2], [- 3]
+    assert [i.is_splitting_graph for i in items] == [False, True, False, True, False]
+    ops = [[n.target for n in i.graph.graph.nodes if n.op == "call_function"] for i in items]
+    assert [len(o) for o in ops] == [1, 2, 1, 1, 1]
