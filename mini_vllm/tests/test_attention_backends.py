@@ -276,6 +276,13 @@ def test_torch_sdpa_equals_the_torch_gather_kernel(one_torch_thread):
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
     assert [s.kv_rows_read for s in eng_a.stats] == [s.kv_rows_read for s in eng_b.stats]
+    # prefix-cache hits (a second wave) and preemption (a 13-block pool) under SDPA
+    again = [list(r.output_token_ids) for r in eng_b.generate(PROMPTS[:4], GREEDY)]
+    assert again == tok_a and sum(s.num_cached_tokens for s in eng_b.stats) >= 40
+    small = LLMEngine("tiny-random", model_backend="torch", block_size=4, num_blocks=13,
+                      attention_backend="TORCH_SDPA")
+    assert [list(r.output_token_ids) for r in small.generate(PROMPTS[:4], GREEDY)] == tok_a
+    assert sum(len(s.preempted) for s in small.stats) >= 1
     with pytest.raises(ValueError, match=r"platform torch not supported"):
         LLMEngine("tiny-random", model_backend="torch", attention_backend="NUMPY_FLASH")
 
@@ -294,7 +301,7 @@ def test_the_cli_names_the_valid_backends(capsys):
 
 # ------------------------------------------------------------------ on the real model
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["NUMPY_FLASH", "NUMPY_SPLIT_KV"])
+@pytest.mark.parametrize("name", ["NUMPY_FLASH", "NUMPY_SPLIT_KV", "TORCH_SDPA"])
 def test_smollm2_golden_tokens_under_every_backend(name):
     """The golden greedy tokens (transformers), through chunks, a shared prefix block and a preemption."""
     import json
@@ -303,11 +310,17 @@ def test_smollm2_golden_tokens_under_every_backend(name):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     golden = json.loads((pathlib.Path(__file__).parent / "golden" / "smollm2.json").read_text())
     n = 6
+    torch_path = name.startswith("TORCH")
+    if torch_path:
+        torch = pytest.importorskip("torch")
+        threads, _ = torch.get_num_threads(), torch.set_num_threads(1)
     with threadpoolctl.threadpool_limits(1, "blas"):
         engine = LLMEngine("smollm2", block_size=16, num_blocks=7, max_num_batched_tokens=24,
-                           attention_backend=name)
+                           attention_backend=name, model_backend="torch" if torch_path else "numpy")
         reqs = engine.generate([{"prompt_token_ids": c["prompt_ids"]} for c in golden["chat"]],
                                SamplingParams(temperature=0, max_tokens=n))
+    if torch_path:
+        torch.set_num_threads(threads)
     assert [list(r.output_token_ids) for r in reqs] == [c["greedy_ids"][:n] for c in golden["chat"]]
     assert sum(len(s.preempted) for s in engine.stats) >= 1
     assert sum(s.num_cached_tokens for s in engine.stats) >= 16
