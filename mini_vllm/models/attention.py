@@ -117,21 +117,40 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     """
     out = np.empty_like(q)
     qsl = model_input.query_start_loc
-    num_rows = np.diff(qsl)
-    for m in np.unique(num_rows[num_rows > 0]):
-        same = np.flatnonzero(num_rows == m)
-        # Sorted by length and cut into groups of GROUP_SIZE, so keys are padded
-        # only up to the longest of a few similar requests.
-        same = same[np.argsort(model_input.seq_lens[same], kind="stable")]
-        for reqs in np.array_split(same, -(-len(same) // GROUP_SIZE)):
-            rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()  # [len(reqs) * m]
-            seq_lens = model_input.seq_lens[reqs]
-            k = gather_kv(k_cache, model_input.block_tables[reqs], seq_lens)
-            v = gather_kv(v_cache, model_input.block_tables[reqs], seq_lens)
-            qb = q[rows].reshape(len(reqs), m, *q.shape[1:])
-            pos = model_input.positions[rows].reshape(len(reqs), m)
-            out[rows] = attend(qb, k, v, pos, scale).reshape(len(rows), *q.shape[1:])
+    for m, reqs in request_groups(model_input):
+        rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()  # [len(reqs) * m]
+        seq_lens = model_input.seq_lens[reqs]
+        k = gather_kv(k_cache, model_input.block_tables[reqs], seq_lens)
+        v = gather_kv(v_cache, model_input.block_tables[reqs], seq_lens)
+        qb = q[rows].reshape(len(reqs), m, *q.shape[1:])
+        pos = model_input.positions[rows].reshape(len(reqs), m)
+        out[rows] = attend(qb, k, v, pos, scale).reshape(len(rows), *q.shape[1:])
     return out
+
+
+def request_groups(model_input: ModelInput, group_size: int | None = GROUP_SIZE):
+    """The gather kernels' calls: (m, request indices) for requests with m query rows each.
+
+    Requests with the same number of rows are sorted by length and cut into groups of
+    ``group_size``, so keys are padded only up to the longest of a few similar requests;
+    ``group_size=None`` keeps each row count in one group (the torch gather).
+    """
+    num_rows = np.diff(model_input.query_start_loc)
+    for m in np.unique(num_rows[num_rows > 0]).tolist():
+        same = np.flatnonzero(num_rows == m)
+        if group_size is None:
+            yield m, same
+            continue
+        same = same[np.argsort(model_input.seq_lens[same], kind="stable")]
+        for reqs in np.array_split(same, -(-len(same) // group_size)):
+            yield m, reqs
+
+
+def gathered_rows(model_input: ModelInput, group_size: int | None = GROUP_SIZE) -> int:
+    """K/V rows a gather kernel copies: whole blocks, each group padded to its longest request."""
+    bs, seq_lens = model_input.block_size, model_input.seq_lens
+    return sum(len(reqs) * -(-int(seq_lens[reqs].max()) // bs) * bs
+               for _, reqs in request_groups(model_input, group_size))
 
 
 def dense_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,

@@ -59,7 +59,7 @@ from typing import ClassVar
 import numpy as np
 
 from mini_vllm.model_input import ModelInput
-from mini_vllm.models.attention import paged_attention
+from mini_vllm.models.attention import gathered_rows, paged_attention
 
 PLATFORMS = ("numpy", "torch", "cuda")  # numpy on the CPU; torch on the CPU; torch on a GPU
 
@@ -113,26 +113,6 @@ class AttentionBackend:
 
 
 # ----------------------------------------------------------------- numpy backends
-def _group_rows_read(model_input: ModelInput) -> int:
-    """Rows ``paged_attention`` copies: per group, requests x max blocks x block_size.
-
-    Mirrors its grouping (same query count, sorted by length, GROUP_SIZE per
-    call); each request's gather is padded to the longest in its group.
-    """
-    from mini_vllm.models.attention import GROUP_SIZE
-
-    bs, qsl = model_input.block_size, model_input.query_start_loc
-    num_rows = np.diff(qsl)
-    total = 0
-    for m in np.unique(num_rows[num_rows > 0]):
-        same = np.flatnonzero(num_rows == m)
-        same = same[np.argsort(model_input.seq_lens[same], kind="stable")]
-        for reqs in np.array_split(same, -(-len(same) // GROUP_SIZE)):
-            blocks = -(-int(model_input.seq_lens[reqs].max()) // bs)
-            total += len(reqs) * blocks * bs
-    return total
-
-
 def _block_rows_read(model_input: ModelInput) -> int:
     """Rows a block-at-a-time kernel reads: ceil(seq_len / block_size) whole blocks each."""
     bs = model_input.block_size
@@ -147,7 +127,7 @@ class NumpyGatherBackend(AttentionBackend):
     supported_dtypes = ("float32", "float64")
 
     def forward(self, q, k_cache, v_cache, model_input, scale):
-        self.kv_rows_read += _group_rows_read(model_input)
+        self.kv_rows_read += gathered_rows(model_input)
         return paged_attention(q, k_cache, v_cache, model_input, scale)
 
 
@@ -312,18 +292,8 @@ class TorchGatherBackend(AttentionBackend):
     def forward(self, q, k_cache, v_cache, model_input, scale):
         from mini_vllm.models.torch_backend import paged_attention_torch
 
-        self.kv_rows_read += _torch_rows_read(model_input)
+        self.kv_rows_read += gathered_rows(model_input, group_size=None)
         return paged_attention_torch(q, k_cache, v_cache, model_input, scale)
-
-
-def _torch_rows_read(model_input: ModelInput) -> int:
-    """The torch gather pads each same-length group to its longest request (no GROUP_SIZE cut)."""
-    bs, num_rows = model_input.block_size, np.diff(model_input.query_start_loc)
-    total = 0
-    for m in np.unique(num_rows[num_rows > 0]):
-        reqs = np.flatnonzero(num_rows == m)
-        total += len(reqs) * -(-int(model_input.seq_lens[reqs].max()) // bs) * bs
-    return total
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -341,7 +311,7 @@ class TorchSDPABackend(AttentionBackend):
     def forward(self, q, k_cache, v_cache, model_input, scale):
         from mini_vllm.models.torch_backend import paged_attention_torch
 
-        self.kv_rows_read += _torch_rows_read(model_input)
+        self.kv_rows_read += gathered_rows(model_input, group_size=None)
         return paged_attention_torch(q, k_cache, v_cache, model_input, scale, sdpa=True)
 
 

@@ -34,6 +34,7 @@ from mini_vllm.compilation.dispatcher import CudagraphDispatcher
 from mini_vllm.compilation.forward_context import ForwardContext, get_forward_context, set_forward_context
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models import DEVICES
+from mini_vllm.models.attention import request_groups
 from mini_vllm.models.attention_backends import AttentionBackend, TorchGatherBackend
 from mini_vllm.models.config import ModelConfig
 from mini_vllm.models.llama import LayerWeights, LlamaForCausalLM, Weights, kv_cache_shape
@@ -100,9 +101,7 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     def t(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-    num_rows = np.diff(qsl)
-    for m in np.unique(num_rows[num_rows > 0]).tolist():
-        reqs = np.flatnonzero(num_rows == m)
+    for m, reqs in request_groups(model_input, group_size=None):
         rows = (qsl[reqs][:, None] + np.arange(m)[None, :]).ravel()
         seq_lens = model_input.seq_lens[reqs]
         max_len = int(seq_lens.max())

@@ -87,7 +87,8 @@ class TritonDecodeBackend(AttentionBackend):
         return super().validate_configuration(head_size, dtype, block_size, platform)
 
     def forward(self, q, k_cache, v_cache, model_input, scale):
-        from mini_vllm.models.attention_backends import _block_rows_read, _torch_rows_read
+        from mini_vllm.models.attention import gathered_rows
+        from mini_vllm.models.attention_backends import _block_rows_read
         from mini_vllm.models.torch_backend import paged_attention_torch
 
         qsl = model_input.query_start_loc
@@ -95,7 +96,7 @@ class TritonDecodeBackend(AttentionBackend):
         out = torch.empty_like(q)
         if (~is_decode).any():
             rest = _subset(model_input, np.flatnonzero(~is_decode))
-            self.kv_rows_read += _torch_rows_read(rest)
+            self.kv_rows_read += gathered_rows(rest, group_size=None)
             rest_rows = torch.from_numpy(_rows_of(qsl, np.flatnonzero(~is_decode))).to(q.device)
             out[rest_rows] = paged_attention_torch(q[rest_rows], k_cache, v_cache, rest, scale)
         if is_decode.any():

@@ -222,16 +222,24 @@ def test_step_logits_agree_between_backends_to_1e_5():
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-def test_step_stats_report_each_steps_reads():
-    _, engine = _step_logits("NUMPY_FLASH")
-    layers = engine.model.config.num_hidden_layers
-    assert all(s.kv_rows_read > 0 for s in engine.stats)
-    # the last step decodes every unfinished request: recompute its reads by hand
-    last = engine.stats[-1]
-    assert last.num_prefill_tokens == 0
-    assert last.kv_rows_read % (4 * layers) == 0
-    _, gather = _step_logits("NUMPY_GATHER")
-    assert sum(s.kv_rows_read for s in engine.stats) <= sum(s.kv_rows_read for s in gather.stats)
+def test_step_stats_report_each_steps_reads_exactly():
+    """Every step's counter, recomputed by hand from the step's own seq_lens (chunked prefills too)."""
+    reads, steps = {}, {}
+    for name in ("NUMPY_FLASH", "NUMPY_GATHER"):
+        engine = LLMEngine("tiny-random", block_size=4, num_blocks=128, attention_backend=name,
+                           max_num_batched_tokens=9)
+        inputs, execute = [], engine.model.execute
+        engine.model.execute = lambda mi, inputs=inputs, execute=execute: inputs.append(mi) or execute(mi)
+        engine.generate(PROMPTS[:5], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        assert len(inputs) == len(engine.stats)
+        reads[name], steps[name] = [s.kv_rows_read for s in engine.stats], inputs
+    layers = 2  # tiny-random
+    # block-at-a-time: ceil(seq_len / 4) whole blocks of 4 per request, in each layer
+    assert reads["NUMPY_FLASH"] == [layers * sum(-(-int(n) // 4) * 4 for n in mi.seq_lens)
+                                    for mi in steps["NUMPY_FLASH"]]
+    # the gather pads each group to its longest request, so it never reads fewer rows
+    assert all(f <= g for f, g in zip(reads["NUMPY_FLASH"], reads["NUMPY_GATHER"], strict=True))
+    assert sum(reads["NUMPY_FLASH"]) < sum(reads["NUMPY_GATHER"])
 
 
 def test_a_decode_steps_reads_are_block_granular():
