@@ -15,9 +15,9 @@ The default ``--model`` is ``tiny-random`` (the seeded numpy transformer in
 from __future__ import annotations
 
 import argparse
-import json
 import contextlib
 import importlib.util
+import json
 import sys
 import time
 
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run the transformer in numpy or in PyTorch on the CPU (numpy)")
     gen.add_argument("--attention-backend", default="auto", metavar="NAME",
                      help="attention kernel: auto, NUMPY_GATHER, NUMPY_FLASH, NUMPY_SPLIT_KV "
-                          "(numpy); TORCH_GATHER, TORCH_SDPA (torch) (auto)")
+                          "(numpy); TORCH_GATHER, TORCH_SDPA (torch); TRITON_DECODE (torch on CUDA) (auto)")
     gen.add_argument("--compilation-config", type=_json_object, default=None, metavar="JSON",
                      help='torch model only, e.g. \'{"mode": "VLLM_COMPILE", "cudagraph_mode": "PIECEWISE"}\' '
                           "(off: eager)")

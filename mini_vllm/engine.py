@@ -176,8 +176,8 @@ class LLMEngine:
         if not isinstance(enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
         config = CompilationConfig.from_any(config)
-        if enforce_eager:
-            config.mode, config.cudagraph_mode = CompilationMode.NONE, CUDAGraphMode.NONE
+        if enforce_eager:  # a copy: the caller's config object is left as it was
+            config = replace(config, mode=CompilationMode.NONE, cudagraph_mode=CUDAGraphMode.NONE)
         if not hasattr(self.model, "configure_compilation"):
             if config.mode != CompilationMode.NONE or config.cudagraph_mode != CUDAGraphMode.NONE:
                 raise ValueError(f"compilation_config applies to the torch model "

@@ -31,7 +31,11 @@ import torch
 
 from mini_vllm.compilation.config import CompilationConfig
 from mini_vllm.compilation.dispatcher import CudagraphDispatcher
-from mini_vllm.compilation.forward_context import ForwardContext, get_forward_context, set_forward_context
+from mini_vllm.compilation.forward_context import (
+    ForwardContext,
+    get_forward_context,
+    set_forward_context,
+)
 from mini_vllm.model_input import ModelInput
 from mini_vllm.models import DEVICES
 from mini_vllm.models.attention import request_groups

@@ -15,8 +15,8 @@ from mini_vllm.compilation import (
     BatchDescriptor,
     CompilationConfig,
     CompilationMode,
-    CUDAGraphMode,
     CudagraphDispatcher,
+    CUDAGraphMode,
     default_capture_sizes,
 )
 from mini_vllm.engine import LLMEngine
