@@ -22,14 +22,14 @@ def cdiv(a: int, b: int) -> int:
 
 def online_softmax(scores, values, block):
     """The recurrence of the guide, written out: returns every state and the output."""
-    m, l, acc = -math.inf, 0.0, 0.0
+    m, l, acc = -math.inf, 0.0, 0.0  # noqa: E741  (the guide's names: max, sum, accumulator)
     states = []
     for start in range(0, len(scores), block):
         s, v = scores[start:start + block], values[start:start + block]
         m_new = max(m, *s)
         factor = math.exp(m - m_new)  # exp(-inf) == 0.0 on the first block: nothing to rescale
-        l = l * factor + sum(math.exp(x - m_new) for x in s)
-        acc = acc * factor + sum(math.exp(x - m_new) * y for x, y in zip(s, v))
+        l = l * factor + sum(math.exp(x - m_new) for x in s)  # noqa: E741
+        acc = acc * factor + sum(math.exp(x - m_new) * y for x, y in zip(s, v, strict=True))
         m = m_new
         states.append((m, l, acc, factor))
     return acc / l, m + math.log(l), states
@@ -37,7 +37,7 @@ def online_softmax(scores, values, block):
 
 def dense(scores, values):
     w = [math.exp(x) for x in scores]
-    return sum(a * b for a, b in zip(w, values)) / sum(w), math.log(sum(w))
+    return sum(a * b for a, b in zip(w, values, strict=True)) / sum(w), math.log(sum(w))
 
 
 def merge(out_a, lse_a, out_b, lse_b):
@@ -153,7 +153,7 @@ def test_varlen_metadata_example():
     qsl = [0]
     for q in q_lens:
         qsl.append(qsl[-1] + q)
-    seq_lens = [c + q for c, q in zip(computed, q_lens)]
+    seq_lens = [c + q for c, q in zip(computed, q_lens, strict=True)]
     assert qsl == [0, 3, 4, 5] and seq_lens == [3, 8, 13]
 
 
@@ -201,7 +201,7 @@ def test_exercise_2_metadata():
     qsl = [0]
     for q in q_lens:
         qsl.append(qsl[-1] + q)
-    seq_lens = [c + q for c, q in zip(computed, q_lens)]
+    seq_lens = [c + q for c, q in zip(computed, q_lens, strict=True)]
     assert qsl == [0, 4, 5, 7] and seq_lens == [12, 21, 2]
     # bottom-right: request E's rows see keys up to 8, 9, 10, 11
     assert [seq_lens[0] - q_lens[0] + i for i in range(q_lens[0])] == [8, 9, 10, 11]

@@ -58,7 +58,7 @@ def smollm2_folder() -> str:
     return str(hub.hf_folder("smollm2"))
 
 
-def attn_config_for(model: str, dtype: str) -> "lab.AttnConfig":
+def attn_config_for(model: str, dtype: str) -> lab.AttnConfig:
     """The selector's inputs for a model: its head size from config.json, and
     the dtype the engine will run it in."""
     head = 64  # opt-125m and SmolLM2-135M both have 64-dim heads

@@ -46,7 +46,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, replace  # noqa: F401  (your dispatcher will use replace)
 
 # --------------------------------------------------------------------------
 # The modes (member values given; the methods are your work)
@@ -211,7 +211,7 @@ def bs_to_padded_graph_size(capture_sizes: Sequence[int]) -> list[int]:
     """
     max_size = capture_sizes[-1]
     table = [0] * (max_size + 1)
-    for end, start in zip([*capture_sizes, max_size + 1], [0, *capture_sizes]):
+    for end, start in zip([*capture_sizes, max_size + 1], [0, *capture_sizes], strict=True):
         for bs in range(start, end):
             table[bs] = start if bs == start else end
     return table
