@@ -9,12 +9,13 @@ only, well under a second; the two tests that read ``upstream/`` skip when it is
 from __future__ import annotations
 
 import math
-import pathlib
 import re
 
 import pytest
 
-UPSTREAM = pathlib.Path(__file__).resolve().parents[1] / "upstream"
+import course
+
+UPSTREAM = course.UPSTREAM
 
 # -- ASSUMPTIONS (labelled as such in the guide, section 1) ----------------------------------
 LAUNCH_US = 5.0                 # CPU time to issue one kernel from eager PyTorch, in µs

@@ -6,6 +6,7 @@ Three kinds of tests:
     out of upstream/ at the pin, so a format change upstream fails here;
   - `gpu` + `vllm`: run.py against the real engine (a rented GPU only).
 """
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
@@ -25,7 +26,7 @@ from mini_vllm.engine import LLMEngine  # noqa: E402
 from mini_vllm.sampling_params import SamplingParams  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
-UPSTREAM = HERE.parents[2] / "upstream"
+UPSTREAM = course.UPSTREAM
 
 # An illustrative DEBUG log of run.py's default run, trimmed: a 6-token prompt and
 # 16 output tokens. Written by hand in vLLM v0.22.1's formats; not captured.

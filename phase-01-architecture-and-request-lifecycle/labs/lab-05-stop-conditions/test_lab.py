@@ -1,10 +1,10 @@
 """Lab 01-05 tests: how requests end, and what the API says about it."""
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
 import ast  # noqa: E402
-import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
@@ -16,7 +16,7 @@ from mini_vllm.request import Request, RequestStatus  # noqa: E402
 from mini_vllm.sampling_params import SamplingParams  # noqa: E402
 
 EOS = 256
-UPSTREAM = pathlib.Path(__file__).resolve().parents[3] / "upstream"
+UPSTREAM = course.UPSTREAM
 
 
 def params(**kw):

@@ -5,13 +5,14 @@ import pathlib
 
 import pytest
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
 GiB = 1 << 30
 HERE = pathlib.Path(__file__).resolve().parent
-UPSTREAM = HERE.parents[2] / "upstream"
+UPSTREAM = course.UPSTREAM
 
 
 def test_kv_bytes_per_token_for_real_model_configs():

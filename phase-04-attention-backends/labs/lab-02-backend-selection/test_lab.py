@@ -1,3 +1,4 @@
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
@@ -9,7 +10,7 @@ import re  # noqa: E402
 import pytest  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
-UPSTREAM = HERE.parents[2] / "upstream"
+UPSTREAM = course.UPSTREAM
 
 T4, A100, L4, H100, H200, B200 = (7, 5), (8, 0), (8, 9), (9, 0), (9, 0), (10, 0)
 NON_10 = ["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION", "TURBOQUANT"]

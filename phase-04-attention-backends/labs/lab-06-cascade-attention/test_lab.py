@@ -1,14 +1,14 @@
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
 import ast  # noqa: E402
-import pathlib  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-UPSTREAM = pathlib.Path(__file__).resolve().parents[3] / "upstream"
+UPSTREAM = course.UPSTREAM
 H100_SMS = 132
 
 

@@ -10,12 +10,13 @@ from collections import Counter
 
 import pytest
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
 HERE = pathlib.Path(__file__).resolve().parent
-ROOT = next(p for p in HERE.parents if (p / "mini_vllm").is_dir())
+ROOT = course.REPO_ROOT
 US = 1e-6
 MS = 1e-3
 

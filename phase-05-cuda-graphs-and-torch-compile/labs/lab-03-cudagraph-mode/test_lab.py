@@ -11,6 +11,7 @@ import types
 
 import pytest
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
@@ -19,10 +20,7 @@ M = impl.CUDAGraphMode
 S = impl.AttentionCGSupport
 BD = impl.BatchDescriptor
 
-HERE = pathlib.Path(__file__).resolve()
-# upstream/ sits at the repository root, whether this lab is under drafts/ or not.
-UPSTREAM = next((p / "upstream" for p in HERE.parents if (p / "upstream" / "vllm").is_dir()),
-                HERE.parents[3] / "upstream")
+UPSTREAM = course.UPSTREAM
 
 # The default ladder of `LLM` on a card under 70 GiB (max_num_seqs 256,
 # max_num_batched_tokens 8192): cap min(256 * 2, 512, 8192) = 512, so

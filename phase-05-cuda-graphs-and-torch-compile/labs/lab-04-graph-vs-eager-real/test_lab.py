@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import ast
 import math
-import pathlib
 
 import pytest
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
-ROOT = next(p for p in pathlib.Path(__file__).resolve().parents if (p / "course").is_dir())
+ROOT = course.REPO_ROOT
 PROCESS_PREFIX = "(EngineCore_DP0 pid=4242) "  # vllm/utils/system_utils.py _add_prefix, no colour
 LOGGER_PREFIX = "INFO 11-26 13:55:07 [gpu_model_runner.py:6456] "  # vllm/logger.py _FORMAT
 

@@ -11,12 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
 HERE = pathlib.Path(__file__).resolve().parent
-UPSTREAM = next(p for p in HERE.parents if (p / "mini_vllm").is_dir()) / "upstream"
+UPSTREAM = course.UPSTREAM
 
 # The ladder at LLM defaults, written out from the rule (not from the code under test):
 # 1, 2, 4; 8, 16, ..., 248 (31 rungs); 256, 272, ..., 512 (17 rungs). 3 + 31 + 17 = 51.
