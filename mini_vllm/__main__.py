@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "(off: eager)")
     gen.add_argument("--enforce-eager", action="store_true",
                      help="no torch.compile, no CUDA graphs, whatever --compilation-config says")
+    gen.add_argument("--quantization", default=None, metavar="NAME",
+                     help="quantize the linear layers (numpy model): int8, int4, fp8 (off)")
+    gen.add_argument("--quantization-config", type=_json_object, default=None, metavar="JSON",
+                     help='the format\'s options, e.g. \'{"group_size": 64}\' for int4')
+    gen.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "fp8_e4m3"), default="auto",
+                     help="K/V storage: auto (the model's float32) or fp8 (E4M3) (auto)")
     gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off (0)")
@@ -150,7 +156,7 @@ def chat_prompts(llm: LLM, prompts: list[str], model: str) -> list[str]:
 
 
 def _json_object(text: str) -> dict:
-    """--compilation-config: a JSON object, else a clear one-line error."""
+    """--compilation-config and --quantization-config: a JSON object, else a clear one-line error."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -168,6 +174,8 @@ def run_generate(args: argparse.Namespace) -> None:
         enable_caching=args.enable_caching, max_model_len=args.max_model_len, seed=args.seed,
         model_backend=args.backend, attention_backend=args.attention_backend,
         compilation_config=args.compilation_config, enforce_eager=args.enforce_eager,
+        quantization=args.quantization, quantization_config=args.quantization_config,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

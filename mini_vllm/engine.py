@@ -88,6 +88,13 @@ class LLMEngine:
     ``enforce_eager=True`` turns both off whatever the config says, as in vLLM
     (upstream: vllm/config/vllm.py:1032 enforce_eager).
 
+    ``quantization`` (``None``, ``"int8"``, ``"int4"``, ``"fp8"`` or a name
+    registered with ``mini_vllm.quantization.register_quantization_config``)
+    quantizes the linear layers of a named numpy transformer as it is built;
+    ``quantization_config`` is the format's options (``{"group_size": 64}``).
+    ``kv_cache_dtype="fp8"`` stores K/V as FP8 E4M3; ``"auto"`` keeps the
+    model's float32. Both are off by default, and off is the old path exactly.
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -108,6 +115,9 @@ class LLMEngine:
         attention_backend: str | type = "auto",
         compilation_config: dict | object | None = None,
         enforce_eager: bool = False,
+        quantization: str | None = None,
+        quantization_config: dict | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -119,12 +129,22 @@ class LLMEngine:
         _positive_int("seed", seed, 0)
         if max_model_len is not None:
             _positive_int("max_model_len", max_model_len, 2)
+        from mini_vllm.quantization import make_quant_config
+
+        quant_config = make_quant_config(quantization, quantization_config)
+        if quant_config is not None and (not isinstance(model, str) or model == "toy"
+                                         or model_backend != "numpy"):
+            raise ValueError(f"quantization applies to a transformer the engine builds by name with "
+                             f"model_backend='numpy', not to {model!r} (backend {model_backend!r}); "
+                             f"for a model object, build it with get_model(..., quantization=...)")
         if model == "toy":
             self.model = ToyModel(seed=seed, **({"max_model_len": max_model_len} if max_model_len else {}))
         elif isinstance(model, str):
             from mini_vllm.models import get_model
 
             self.model = get_model(model, seed=seed, max_model_len=max_model_len, backend=model_backend)
+            if quant_config is not None:
+                self.model = self.model.quantized(quant_config)
         else:
             missing = [a for a in _MODEL_INTERFACE if not hasattr(model, a)]
             if missing:
@@ -144,7 +164,7 @@ class LLMEngine:
             long_prefill_token_threshold=long_prefill_token_threshold,
             max_model_len=self.max_model_len,
         )
-        self.model.init_kv_cache(num_blocks, block_size)
+        self.kv_cache_dtype = self._init_kv_cache(num_blocks, block_size, kv_cache_dtype)
         self.attention_backend = self._select_attention_backend(attention_backend, block_size)
         self.compilation_config = self._configure_compilation(compilation_config, enforce_eager,
                                                               max_num_seqs, max_num_batched_tokens)
@@ -154,6 +174,17 @@ class LLMEngine:
         self.num_steps = 0
         self._num_added = 0
         self._generators: dict[str, np.random.Generator] = {}
+
+    def _init_kv_cache(self, num_blocks: int, block_size: int, kv_cache_dtype: str) -> str:
+        if kv_cache_dtype == "auto":  # the model interface's plain call, as before
+            self.model.init_kv_cache(num_blocks, block_size)
+            return kv_cache_dtype
+        supported = getattr(self.model, "supported_kv_cache_dtypes", ("auto",))
+        if kv_cache_dtype not in supported:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(supported)} for "
+                             f"{type(self.model).__name__}, got {kv_cache_dtype!r}")
+        self.model.init_kv_cache(num_blocks, block_size, kv_cache_dtype=kv_cache_dtype)
+        return kv_cache_dtype
 
     def _select_attention_backend(self, choice: str | type, block_size: int) -> type | None:
         """Resolve ``attention_backend`` for this model; None for a model without attention."""
@@ -165,7 +196,8 @@ class LLMEngine:
         from mini_vllm.models.attention_backends import get_attn_backend
 
         backend_cls = get_attn_backend(self.model.config.head_dim, "float32", block_size,
-                                       backend=choice, platform=self.model.attn_platform)
+                                       backend=choice, platform=self.model.attn_platform,
+                                       kv_cache_dtype=self.kv_cache_dtype)
         self.model.set_attn_backend(backend_cls)
         return backend_cls
 

@@ -56,14 +56,17 @@ def tiny_random(seed: int = 0, max_model_len: int | None = None) -> LlamaForCaus
 
 
 def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None,
-              backend: str = "numpy", device: str = "cpu", **kw):
+              backend: str = "numpy", device: str = "cpu", quantization: str | None = None,
+              quantization_config: dict | None = None, **kw):
     """Build the model the engine runs (see the module docstring for the choices).
 
     ``seed`` seeds tiny-random's (and the toy model's) weights; ``max_model_len``
     caps the context length (default: the config's ``max_position_embeddings``).
     ``backend="torch"`` runs the same transformer, same weights, in PyTorch on
     ``device`` ("cpu" or "cuda"); numpy (the default) is the reference and runs
-    on the CPU only. Extra keyword arguments are passed to ``ToyModel``.
+    on the CPU only. ``quantization`` (with its options in ``quantization_config``)
+    quantizes a numpy transformer's linear layers (``mini_vllm.quantization``).
+    Extra keyword arguments are passed to ``ToyModel``.
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ValueError(f"model must be 'toy', 'tiny-random', 'smollm2', a .gguf file, a folder or a hub id, "
@@ -77,6 +80,14 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
     if backend == "numpy" and device != "cpu":
         raise ValueError(f"device must be 'cpu' for backend 'numpy' (use backend='torch' "
                          f"for {device!r}), got {device!r}")
+    if quantization is not None or quantization_config is not None:
+        from mini_vllm.quantization import make_quant_config
+
+        quant_config = make_quant_config(quantization, quantization_config)
+        if backend != "numpy" or name_or_path == "toy":
+            raise ValueError(f"quantization applies to a numpy transformer (backend='numpy', not the "
+                             f"toy model), got backend {backend!r} and model {name_or_path!r}")
+        return get_model(name_or_path, seed, max_model_len, **kw).quantized(quant_config)
     if backend == "torch":
         if name_or_path == "toy":
             raise ValueError("backend 'torch' runs the transformer; the 'toy' model exists "

@@ -76,6 +76,7 @@ class AttentionBackend:
     name: ClassVar[str] = ""
     platforms: ClassVar[tuple[str, ...]] = ("numpy",)
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
 
     def __init__(self) -> None:
         self.kv_rows_read = 0
@@ -90,10 +91,10 @@ class AttentionBackend:
 
     @classmethod
     def validate_configuration(cls, head_size: int, dtype: str, block_size: int,
-                               platform: str = "numpy") -> list[str]:
+                               platform: str = "numpy", kv_cache_dtype: str = "auto") -> list[str]:
         """Every reason this backend cannot serve the configuration; [] when it can.
 
-        The first three strings are upstream's, word for word and in its order;
+        The first four strings are upstream's, word for word and in its order;
         the platform check is this engine's stand-in for upstream's split of
         backends between platforms.
         """
@@ -102,6 +103,8 @@ class AttentionBackend:
             reasons.append("head_size not supported")
         if dtype not in cls.supported_dtypes:
             reasons.append("dtype not supported")
+        if kv_cache_dtype not in cls.supported_kv_cache_dtypes:
+            reasons.append("kv_cache_dtype not supported")
         if not cls.supports_block_size(block_size):
             reasons.append("block_size not supported")
         if platform not in cls.platforms:
@@ -125,6 +128,7 @@ class NumpyGatherBackend(AttentionBackend):
 
     name = "NUMPY_GATHER"
     supported_dtypes = ("float32", "float64")
+    supported_kv_cache_dtypes = ("auto", "fp8", "fp8_e4m3")  # gather_kv widens FP8 rows to float32
 
     def forward(self, q, k_cache, v_cache, model_input, scale):
         self.kv_rows_read += gathered_rows(model_input)
@@ -357,7 +361,7 @@ PRIORITIES: dict[str, tuple[AttentionBackendEnum, ...]] = {
 
 def get_attn_backend(head_size: int, dtype: str, block_size: int,
                      backend: str | type[AttentionBackend] | None = None,
-                     platform: str = "numpy") -> type[AttentionBackend]:
+                     platform: str = "numpy", kv_cache_dtype: str = "auto") -> type[AttentionBackend]:
     """The backend class for this configuration, by vLLM's rules.
 
     ``backend``: ``None`` or ``"auto"`` (walk ``PRIORITIES[platform]``), a
@@ -374,16 +378,19 @@ def get_attn_backend(head_size: int, dtype: str, block_size: int,
     if isinstance(backend, str) and backend.lower() == "auto":
         backend = None
     config = f"head_size={head_size}, dtype={dtype}, block_size={block_size}, platform={platform}"
+    if kv_cache_dtype != "auto":
+        config += f", kv_cache_dtype={kv_cache_dtype}"
     if backend is not None:
         cls = AttentionBackendEnum.from_name(backend).get_class() if isinstance(backend, str) else backend
-        reasons = cls.validate_configuration(head_size, dtype, block_size, platform)
+        reasons = cls.validate_configuration(head_size, dtype, block_size, platform, kv_cache_dtype)
         if reasons:
             raise ValueError(f"Selected backend {cls.name or cls.__name__} is not valid for this "
                              f"configuration ({config}). Reason: {reasons}")
         return cls
     invalid = {}
     for member in PRIORITIES[platform]:
-        reasons = member.get_class().validate_configuration(head_size, dtype, block_size, platform)
+        reasons = member.get_class().validate_configuration(head_size, dtype, block_size, platform,
+                                                            kv_cache_dtype)
         if not reasons:
             return member.get_class()
         invalid[member.name] = reasons

@@ -19,6 +19,12 @@ requests, prefill chunks and decodes mixed; only attention looks at which
 request a row belongs to. The final norm and the LM head run only on the rows
 in ``logits_indices`` (one per request), as in vLLM.
 
+The four matmuls of a layer go through ``LinearLayer`` objects (``self.linears``)
+whose quantization method owns the weight: float32 by default, int8 / int4 /
+FP8 when the model is built with a ``QuantizationConfig`` (see
+``mini_vllm/quantization``). ``kv_cache_dtype="fp8"`` stores K and V as FP8 E4M3
+(scale 1.0, values clamped to +-448), a quarter of the float32 cache's bytes.
+
 upstream: vllm/model_executor/models/llama.py:501 LlamaForCausalLM
 upstream: vllm/model_executor/models/llama.py:316 LlamaDecoderLayer.forward
 upstream: vllm/model_executor/models/qwen2.py:120 Qwen2Attention
@@ -26,7 +32,7 @@ upstream: vllm/model_executor/layers/rotary_embedding/common.py:18 rotate_neox
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,6 +40,12 @@ from mini_vllm.model_input import ModelInput
 from mini_vllm.models.attention import write_kv
 from mini_vllm.models.attention_backends import AttentionBackend, NumpyGatherBackend
 from mini_vllm.models.config import ModelConfig, rope_inv_freq
+from mini_vllm.quantization.base_config import (
+    LinearLayer,
+    QuantizationConfig,
+    UnquantizedLinearMethod,
+)
+from mini_vllm.quantization.fp8 import FP8_E4M3_MAX, fp8_dtype
 
 
 @dataclass(slots=True)
@@ -56,6 +68,57 @@ class Weights:
     layers: list[LayerWeights]
     norm: np.ndarray  # [hidden]
     lm_head: np.ndarray  # [hidden, vocab]; embed_tokens.T when tied
+
+
+@dataclass(slots=True)
+class DecoderLinears:
+    """The four linear layers of one decoder layer, each with its quantization method."""
+
+    qkv_proj: LinearLayer
+    o_proj: LinearLayer
+    gate_up_proj: LinearLayer
+    down_proj: LinearLayer
+
+
+# (LayerWeights field, name after "model.layers.N.", bias field): vLLM's module names.
+_LINEARS = (
+    ("qkv_proj", "self_attn.qkv_proj", "qkv_bias"),
+    ("o_proj", "self_attn.o_proj", "o_bias"),
+    ("gate_up_proj", "mlp.gate_up_proj", "gate_up_bias"),
+    ("down_proj", "mlp.down_proj", "down_bias"),
+)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "fp8" is E4M3, as on NVIDIA GPUs
+
+
+def build_linears(weights: Weights, quant_config: QuantizationConfig | None) -> list[DecoderLinears]:
+    """Make every layer's linear layers, load the weights into them, and let each method process them.
+
+    The order is upstream's: ``create_weights`` declares ``layer.weight`` [out, in];
+    the checkpoint's array (``[in, out]`` here) is bound to it transposed, a view,
+    after the shapes are checked; ``process_weights_after_loading`` quantizes.
+    """
+    result = []
+    for i, lw in enumerate(weights.layers):
+        made = {}
+        for field, suffix, bias_field in _LINEARS:
+            w = getattr(lw, field)  # [in, out]
+            in_size, out_size = w.shape
+            prefix = f"model.layers.{i}.{suffix}"
+            layer = LinearLayer(in_size, out_size, prefix, bias=getattr(lw, bias_field))
+            method = quant_config.get_quant_method(layer, prefix) if quant_config is not None else None
+            layer.quant_method = method if method is not None else UnquantizedLinearMethod()
+            layer.quant_method.create_weights(layer, in_size, out_size)
+            declared = getattr(layer, "weight", None)
+            if getattr(declared, "shape", None) != (out_size, in_size):
+                raise ValueError(f"{type(layer.quant_method).__name__}.create_weights must set "
+                                 f"layer.weight to shape [output_size, input_size] = "
+                                 f"{[out_size, in_size]} for {prefix}, got "
+                                 f"{getattr(declared, 'shape', declared)!r}")
+            layer.weight = w.T
+            layer.quant_method.process_weights_after_loading(layer)
+            made[field] = layer
+        result.append(DecoderLinears(**made))
+    return result
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -106,9 +169,19 @@ class LlamaForCausalLM:
     """The numpy transformer behind the model interface every mini_vllm model shares."""
 
     def __init__(self, config: ModelConfig, weights: Weights, tokenizer=None,
-                 max_model_len: int | None = None, name: str = "llama"):
+                 max_model_len: int | None = None, name: str = "llama",
+                 quant_config: QuantizationConfig | None = None):
         config.validate()
+        if quant_config is not None and not isinstance(quant_config, QuantizationConfig):
+            raise ValueError(f"quant_config must be a QuantizationConfig or None, got {quant_config!r}")
         self.config = config
+        self.quant_config = quant_config
+        self.linears = build_linears(weights, quant_config)
+        if quant_config is not None:
+            # The methods hold the weights now; drop this model's references to the
+            # float32 matrices so they can be freed (the caller's Weights is untouched).
+            no_linears = dict.fromkeys(f for f, _, _ in _LINEARS)
+            weights = replace(weights, layers=[replace(lw, **no_linears) for lw in weights.layers])
         self.weights = weights
         self.tokenizer = tokenizer
         self.name = name
@@ -124,19 +197,46 @@ class LlamaForCausalLM:
         self.inv_freq = rope_inv_freq(config)
         self.scale = config.head_dim ** -0.5
         self.kv_cache: np.ndarray | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
+        self.kv_cache_dtype = "auto"
         self.attn_backend: AttentionBackend = NumpyGatherBackend()
 
     attn_platform = "numpy"  # which AttentionBackend classes can serve this model
+
+    def quantized(self, quant_config: QuantizationConfig) -> LlamaForCausalLM:
+        """The same model (config, weights, tokenizer, name) with its linear layers quantized.
+
+        This model is left as it is; it must still hold float32 weights.
+        """
+        if self.quant_config is not None:
+            raise ValueError(f"this model is already quantized ({self.quant_config.get_name()}); "
+                             f"quantize the float32 model instead")
+        return LlamaForCausalLM(self.config, self.weights, tokenizer=self.tokenizer,
+                                max_model_len=self.max_model_len, name=self.name,
+                                quant_config=quant_config)
 
     def set_attn_backend(self, backend_cls: type[AttentionBackend]) -> None:
         """Use ``backend_cls`` (already validated by ``get_attn_backend``) in every layer."""
         self.attn_backend = backend_cls()
 
     # -- the model interface -------------------------------------------------
-    def init_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        """Allocate K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each."""
-        self.kv_cache = np.zeros(kv_cache_shape(self.config, num_blocks, block_size),
-                                 dtype=np.float32)
+    supported_kv_cache_dtypes = KV_CACHE_DTYPES
+
+    def init_kv_cache(self, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto") -> None:
+        """Allocate K and V for every layer: [num_blocks, block_size, kv_heads, head_dim] each.
+
+        ``kv_cache_dtype``: "auto" (float32, the model's dtype) or "fp8" / "fp8_e4m3".
+        """
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {kv_cache_dtype!r}")
+        dtype = np.float32 if kv_cache_dtype == "auto" else fp8_dtype()
+        self.kv_cache = np.zeros(kv_cache_shape(self.config, num_blocks, block_size), dtype=dtype)
+        self.kv_cache_dtype = kv_cache_dtype
+
+    def linear_weight_bytes(self) -> int:
+        """Bytes the linear layers' weights take as stored (codes and scales; biases excluded)."""
+        return sum(layer.weight_bytes() for lin in self.linears
+                   for layer in (lin.qkv_proj, lin.o_proj, lin.gate_up_proj, lin.down_proj))
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -165,35 +265,28 @@ class LlamaForCausalLM:
         x = w.embed_tokens[model_input.token_ids]
         angles = model_input.positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
         cos, sin = np.cos(angles), np.sin(angles)
-        for layer_idx, lw in enumerate(w.layers):
+        fp8_cache = self.kv_cache_dtype != "auto"
+        for layer_idx, (lw, lin) in enumerate(zip(w.layers, self.linears, strict=True)):
             h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
-            qkv = h @ lw.qkv_proj
-            if lw.qkv_bias is not None:
-                qkv += lw.qkv_bias
+            qkv = lin.qkv_proj(h)
             q = qkv[:, :c.q_size].reshape(num_tokens, c.num_attention_heads, c.head_dim)
             k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(
                 num_tokens, c.num_key_value_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size:].reshape(num_tokens, c.num_key_value_heads,
                                                       c.head_dim)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if fp8_cache:  # scale 1.0: clamp to E4M3's range, since the cast would give NaN
+                k, v = np.clip(k, -FP8_E4M3_MAX, FP8_E4M3_MAX), np.clip(v, -FP8_E4M3_MAX, FP8_E4M3_MAX)
             k_cache, v_cache = self.kv_cache[layer_idx]
             write_kv(k_cache, v_cache, k, v, model_input.slot_mapping)
             attn = self.attn_backend.forward(q, k_cache, v_cache, model_input, self.scale)
-            out = attn.reshape(num_tokens, c.q_size) @ lw.o_proj
-            if lw.o_bias is not None:
-                out += lw.o_bias
-            x = x + out
+            x = x + lin.o_proj(attn.reshape(num_tokens, c.q_size))
 
             h = rms_norm(x, lw.post_norm, c.rms_norm_eps)
-            gate_up = h @ lw.gate_up_proj
-            if lw.gate_up_bias is not None:
-                gate_up += lw.gate_up_bias
+            gate_up = lin.gate_up_proj(h)
             act = silu(gate_up[:, :c.intermediate_size])
             act *= gate_up[:, c.intermediate_size:]  # silu(gate) * up, in place
-            out = act @ lw.down_proj
-            if lw.down_bias is not None:
-                out += lw.down_bias
-            x = x + out
+            x = x + lin.down_proj(act)
         return x
 
 

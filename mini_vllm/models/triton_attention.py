@@ -81,10 +81,10 @@ class TritonDecodeBackend(AttentionBackend):
         return _power_of_two(block_size)
 
     @classmethod
-    def validate_configuration(cls, head_size, dtype, block_size, platform="numpy"):
+    def validate_configuration(cls, head_size, dtype, block_size, platform="numpy", kv_cache_dtype="auto"):
         if triton is None:
             return ["ImportError"]  # what upstream reports when a backend's import fails
-        return super().validate_configuration(head_size, dtype, block_size, platform)
+        return super().validate_configuration(head_size, dtype, block_size, platform, kv_cache_dtype)
 
     def forward(self, q, k_cache, v_cache, model_input, scale):
         from mini_vllm.models.attention import gathered_rows
