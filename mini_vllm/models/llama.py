@@ -43,6 +43,7 @@ from mini_vllm.models.config import ModelConfig, rope_inv_freq
 from mini_vllm.quantization.base_config import (
     LinearLayer,
     QuantizationConfig,
+    QuantizeMethodBase,
     UnquantizedLinearMethod,
 )
 from mini_vllm.quantization.fp8 import FP8_E4M3_MAX, fp8_dtype
@@ -105,8 +106,14 @@ def build_linears(weights: Weights, quant_config: QuantizationConfig | None) -> 
             in_size, out_size = w.shape
             prefix = f"model.layers.{i}.{suffix}"
             layer = LinearLayer(in_size, out_size, prefix, bias=getattr(lw, bias_field))
-            method = quant_config.get_quant_method(layer, prefix) if quant_config is not None else None
-            layer.quant_method = method if method is not None else UnquantizedLinearMethod()
+            if quant_config is None:
+                layer.quant_method = UnquantizedLinearMethod()
+            else:  # upstream's rule: a config leaves a layer alone by returning UnquantizedLinearMethod()
+                layer.quant_method = quant_config.get_quant_method(layer, prefix)
+                if not isinstance(layer.quant_method, QuantizeMethodBase):
+                    raise ValueError(f"{type(quant_config).__name__}.get_quant_method returned "
+                                     f"{layer.quant_method!r} for {prefix}: every linear layer needs a "
+                                     f"QuantizeMethodBase (UnquantizedLinearMethod() leaves it unquantized)")
             layer.quant_method.create_weights(layer, in_size, out_size)
             declared = getattr(layer, "weight", None)
             if getattr(declared, "shape", None) != (out_size, in_size):

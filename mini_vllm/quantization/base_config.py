@@ -116,8 +116,12 @@ class QuantizationConfig(ABC):
         """Build from the options dict (``quantization_config=``); unknown keys are an error."""
 
     @abstractmethod
-    def get_quant_method(self, layer: LinearLayer, prefix: str) -> QuantizeMethodBase | None:
-        """The method for the layer named ``prefix``; None leaves it unquantized."""
+    def get_quant_method(self, layer: LinearLayer, prefix: str) -> QuantizeMethodBase:
+        """The method for the layer named ``prefix`` (e.g. ``model.layers.3.mlp.down_proj``).
+
+        Return ``UnquantizedLinearMethod()`` to leave a layer in float32; as in
+        upstream's ``LinearBase``, returning None for a linear layer is an error.
+        """
 
 
 def check_options(name: str, config: dict, allowed: tuple[str, ...]) -> None:

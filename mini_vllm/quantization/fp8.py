@@ -69,19 +69,18 @@ def quantize_fp8_per_token(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Fp8LinearMethod(LinearMethodBase):
-    """Stores ``weight_fp8`` float8_e4m3fn [out, in] and a float32 ``weight_scale``."""
+    """Replaces ``weight`` by float8_e4m3fn codes [out, in] and adds a float32 ``weight_scale``."""
 
     def create_weights(self, layer: LinearLayer, input_size: int, output_size: int) -> None:
         layer.weight = np.empty((output_size, input_size), dtype=np.float32)
 
     def process_weights_after_loading(self, layer: LinearLayer) -> None:
-        layer.weight_fp8, scale = quantize_fp8_per_tensor(layer.weight)
+        layer.weight, scale = quantize_fp8_per_tensor(layer.weight)
         layer.weight_scale = np.array(scale, dtype=np.float32)
-        del layer.weight
 
     def apply(self, layer: LinearLayer, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         x_fp8, x_scale = quantize_fp8_per_token(x)
-        out = x_fp8.astype(np.float32) @ layer.weight_fp8.T.astype(np.float32)
+        out = x_fp8.astype(np.float32) @ layer.weight.T.astype(np.float32)
         out *= x_scale * layer.weight_scale
         if bias is not None:
             out += bias

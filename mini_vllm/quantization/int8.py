@@ -42,17 +42,21 @@ def quantize_int8_per_channel(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Int8LinearMethod(LinearMethodBase):
-    """Stores ``weight_int8`` [out, in] and ``weight_scale`` [out]; computes in float32."""
+    """Replaces ``weight`` by its int8 codes [out, in] and adds ``weight_scale`` [out].
+
+    Keeping the name ``weight`` for the quantized tensor is upstream's habit
+    too (its online methods swap the parameter in place).
+    """
 
     def create_weights(self, layer: LinearLayer, input_size: int, output_size: int) -> None:
         layer.weight = np.empty((output_size, input_size), dtype=np.float32)
 
     def process_weights_after_loading(self, layer: LinearLayer) -> None:
-        layer.weight_int8, layer.weight_scale = quantize_int8_per_channel(layer.weight)
-        del layer.weight  # the float32 copy is what quantization is meant to free
+        # Rebinding ``weight`` drops the layer's reference to the float32 matrix.
+        layer.weight, layer.weight_scale = quantize_int8_per_channel(layer.weight)
 
     def apply(self, layer: LinearLayer, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        out = x @ layer.weight_int8.T.astype(np.float32)
+        out = x @ layer.weight.T.astype(np.float32)
         out *= layer.weight_scale
         if bias is not None:
             out += bias

@@ -161,7 +161,9 @@ def test_a_registered_config_serves_chosen_layers_and_leaves_the_rest():
 
         def get_quant_method(self, layer, prefix):
             seen.append(prefix)
-            return None if ".mlp." in prefix else get_quantization_config("int8")().get_quant_method(layer, prefix)
+            if ".mlp." in prefix:
+                return UnquantizedLinearMethod()
+            return get_quantization_config("int8")().get_quant_method(layer, prefix)
 
     register_quantization_config("test-int8-attn-only")(Int8ExceptMLP)
     try:
@@ -206,6 +208,13 @@ def test_create_weights_must_declare_the_weight_shape():
         def get_quant_method(self, layer, prefix):
             return Forgetful()
 
+    class Skips(Config):
+        def get_quant_method(self, layer, prefix):
+            return None
+
+    with pytest.raises(ValueError, match=r"Skips\.get_quant_method returned None for "
+                                         r"model\.layers\.0\.self_attn\.qkv_proj: every linear layer"):
+        get_model("tiny-random").quantized(Skips())
     with pytest.raises(ValueError, match=r"Forgetful\.create_weights must set layer\.weight to shape "
                                          r"\[output_size, input_size\] = \[128, 64\] for "
                                          r"model\.layers\.0\.self_attn\.qkv_proj, got \(64, 128\)"):
@@ -235,9 +244,9 @@ def test_int8_codes_scales_and_exact_bytes():
              (c.hidden_size, 2 * c.intermediate_size), (c.intermediate_size, c.hidden_size)]
     assert model.linear_weight_bytes() == c.num_hidden_layers * sum(i * o + 4 * o for i, o in sizes)
     layer = model.linears[0].o_proj
-    assert not hasattr(layer, "weight")  # the float32 copy is gone
+    assert layer.weight.dtype == np.int8  # the float32 matrix is no longer referenced
     x = np.random.default_rng(0).standard_normal((5, c.q_size)).astype(np.float32)
-    dequant = layer.weight_int8.astype(np.float32) * layer.weight_scale[:, None]
+    dequant = layer.weight.astype(np.float32) * layer.weight_scale[:, None]
     np.testing.assert_allclose(layer(x), x @ dequant.T, rtol=1e-5, atol=1e-5)
 
 
