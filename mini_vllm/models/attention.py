@@ -63,8 +63,10 @@ def gather_kv(cache: np.ndarray, block_tables: np.ndarray, seq_lens: np.ndarray)
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
     rows = cache[block_tables[:, :num_blocks]]  # a copy: [B, n, block_size, kv_heads, hd]
-    if rows.dtype != np.float32 and rows.dtype != np.float64:
-        rows = rows.astype(np.float32)  # an FP8 cache (scale 1.0): every E4M3 value is exact in float32
+    if rows.dtype.itemsize == 1:  # an FP8 cache (scale 1.0): every E4M3 value is exact in float32
+        from mini_vllm.quantization.fp8 import fp8_to_float32
+
+        rows = fp8_to_float32(rows)
     rows = rows.reshape(len(block_tables), num_blocks * block_size, *cache.shape[2:])[:, :max_len]
     rows[np.arange(max_len)[None, :] >= seq_lens[:, None]] = 0
     return rows

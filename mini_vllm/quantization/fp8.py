@@ -51,6 +51,22 @@ def fp8_dtype():
     return ml_dtypes.float8_e4m3fn
 
 
+_FP8_TO_FLOAT32: np.ndarray | None = None
+
+
+def fp8_to_float32(a: np.ndarray) -> np.ndarray:
+    """Widen float8_e4m3fn values to float32 exactly, by table lookup on their 256 bit patterns.
+
+    The same result as ``a.astype(np.float32)``, a few times faster: ml_dtypes
+    converts element by element, while indexing a 256-entry table is one
+    vectorized gather.
+    """
+    global _FP8_TO_FLOAT32
+    if _FP8_TO_FLOAT32 is None:
+        _FP8_TO_FLOAT32 = np.arange(256, dtype=np.uint8).view(fp8_dtype()).astype(np.float32)
+    return _FP8_TO_FLOAT32[a.view(np.uint8)]
+
+
 def to_fp8(x: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
     """fp8(clamp(x / scale, -448, 448)); ``scale`` broadcasts against x."""
     return np.clip(x / scale, -FP8_E4M3_MAX, FP8_E4M3_MAX).astype(fp8_dtype())
@@ -80,7 +96,7 @@ class Fp8LinearMethod(LinearMethodBase):
 
     def apply(self, layer: LinearLayer, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         x_fp8, x_scale = quantize_fp8_per_token(x)
-        out = x_fp8.astype(np.float32) @ layer.weight.T.astype(np.float32)
+        out = fp8_to_float32(x_fp8) @ fp8_to_float32(layer.weight).T
         out *= x_scale * layer.weight_scale
         if bias is not None:
             out += bias

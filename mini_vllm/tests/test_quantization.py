@@ -417,3 +417,11 @@ def test_the_cli_passes_quantization_through(capsys):
         main(argv + ["--quantization", "awq"])
     assert exit_info.value.code == 2
     assert "quantization must be one of int8, int4, fp8" in capsys.readouterr().err
+
+
+def test_fp8_widening_table_equals_the_cast_on_all_256_patterns():
+    from mini_vllm.quantization.fp8 import fp8_dtype, fp8_to_float32
+
+    codes = np.arange(256, dtype=np.uint8).view(fp8_dtype()).reshape(16, 16)
+    np.testing.assert_array_equal(fp8_to_float32(codes), codes.astype(np.float32))
+    assert fp8_to_float32(codes).dtype == np.float32
