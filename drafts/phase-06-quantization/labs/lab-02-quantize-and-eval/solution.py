@@ -407,7 +407,6 @@ def fake_quant_fp8(w, per: str = "tensor", scale=None) -> np.ndarray:
         if s.shape != want or not np.isfinite(s).all() or (s <= 0).any():
             raise ValueError(f"scale must be {'one number' if per == 'tensor' else want} "
                              f"> 0 for per={per!r}, got {scale!r}")
-        s = s.reshape(1, -1) if per == "channel" else s
     x = np.clip(w / s, -FP8_MAX, FP8_MAX)  # saturate, never NaN
     return (x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * s).astype(np.float32)
 

@@ -124,6 +124,8 @@ def test_perplexity_scores_row_t_on_token_t_plus_1():
     # first row instead of the last would use 0.5, 0.01 (ppl 14.1).
     assert impl.perplexity(logits, ids) == pytest.approx(1 / math.sqrt(0.4), rel=1e-12)
     assert impl.perplexity(logits + 1e4, ids) == pytest.approx(1 / math.sqrt(0.4), rel=1e-9)
+    # two tokens are enough: one prediction, ppl = 1 / 0.8
+    assert impl.perplexity(logits[:2], ids[:2]) == pytest.approx(1.25, rel=1e-12)
 
 
 def test_perplexity_rejects_bad_token_ids():
@@ -155,8 +157,13 @@ def test_bits_per_weight_counts_every_scale():
                                                                             rel=1e-15)
     assert impl.bits_per_weight("fp8_channel", (1536, 576)) == pytest.approx(8 + 32 / 1536,
                                                                              rel=1e-15)
-    # numpy integers are fine too
+    # every answer is a float (20 * 8 / 32, never 20 * 8 // 32); a 32 x 1 matrix is one block
+    for fmt in expect:
+        assert type(impl.bits_per_weight(fmt, sq)) is float, fmt
+    assert impl.bits_per_weight("q8_0", (32, 1)) == 8.5
+    # numpy integers and lists are fine too
     assert impl.bits_per_weight("q8_0", np.array([64, 8])) == 8.5
+    assert impl.bits_per_weight("q4_0", [64, 8]) == 4.5
 
 
 def test_bits_per_weight_rejects_unknown_formats_and_bad_shapes():
@@ -164,8 +171,9 @@ def test_bits_per_weight_rejects_unknown_formats_and_bad_shapes():
         impl.bits_per_weight("int3", (64, 64))
     with pytest.raises(ValueError, match="fmt must be one of"):
         impl.bits_per_weight("Q8_0", (64, 64))
-    with pytest.raises(ValueError, match=r"shape must be two integers"):
-        impl.bits_per_weight("q8_0", (576,))
+    with pytest.raises(ValueError, match=r"shape must be two integers \(in, out\) >= 1, "
+                                         r"got \(576,\)"):
+        impl.bits_per_weight("q8_0", [576])
     with pytest.raises(ValueError, match=r"shape must be two integers"):
         impl.bits_per_weight("q8_0", (64, 0))
     with pytest.raises(ValueError, match=r"shape must be two integers"):
@@ -186,13 +194,21 @@ def test_int4_group_by_hand():
     # one group of 4 in column 0: hi 0.7, lo -0.8 -> scale max(0.7/7, 0.8/8) = 0.1,
     # stored as fp16 0.0999755859375; codes rint([7.0017, -8.0020, 3.5009, 1.0002])
     # = [7, -8, 4, 1] (floor would give 3 for the third). Column 1 is all zero: scale 1.
-    w = np.array([[0.7, 0.0], [-0.8, 0.0], [0.35, 0.0], [0.1, 0.0]], dtype=np.float32)
+    # Column 2: hi 0.7, lo -0.1 -> max(0.1, 0.0125): the top end decides, the same 0.1,
+    # codes [7, -1, 4, 0]. (Dividing hi by 8 would give a scale of 0.0875, and 0.7 would
+    # clip to 7 * 0.0875 = 0.6125.)
+    w = np.array([[0.7, 0.0, 0.7], [-0.8, 0.0, -0.1], [0.35, 0.0, 0.35], [0.1, 0.0, 0.0]],
+                 dtype=np.float32)
     out = impl.fake_quant_int4(w, 4)
     s16 = float(np.float16(0.1))
     assert s16 == 0.0999755859375
-    assert out.dtype == np.float32 and out.shape == (4, 2)
+    assert out.dtype == np.float32 and out.shape == (4, 3)
     assert out[:, 0].tolist() == [np.float32(c * s16) for c in (7, -8, 4, 1)]
     assert out[:, 1].tolist() == [0.0] * 4
+    assert out[:, 2].tolist() == [np.float32(c * s16) for c in (7, -1, 4, 0)]
+    # group size 1: every weight is its own group and lands on code 7 (or -8) of its own
+    # scale, so only the fp16 rounding of the scale is left (< 2^-11 relative)
+    np.testing.assert_allclose(impl.fake_quant_int4(w, 1), w, rtol=2**-11)
     assert w[2, 0] == np.float32(0.35)  # not modified
 
 
@@ -251,11 +267,15 @@ def test_fp8_static_scale_saturates_instead_of_nan():
     w = np.array([[1000.0, 1.0], [-3.0, -700.0]], dtype=np.float32)
     out = impl.fake_quant_fp8(w, "tensor", scale=1.0)
     assert out.tolist() == [[448.0, 1.0], [-3.0, -448.0]]
-    # per channel: column 0 scale 2 -> 1000/2 = 500 -> 448 -> 896; column 1 scale 1
-    out = impl.fake_quant_fp8(w, "channel", scale=[2.0, 1.0])
-    assert out.tolist() == [[896.0, 1.0], [-3.0, -448.0]]
+    # per channel, one scale per output column (3 of them for a [2, 3] weight):
+    # column 0 scale 2 -> 1000/2 = 500 -> 448 -> 896; columns 1 and 2 scale 1
+    w3 = np.array([[1000.0, 1.0, 0.5], [-3.0, -700.0, 2.0]], dtype=np.float32)
+    out = impl.fake_quant_fp8(w3, "channel", scale=[2.0, 1.0, 1.0])
+    assert out.tolist() == [[896.0, 1.0, 0.5], [-3.0, -448.0, 2.0]]
     with pytest.raises(ValueError, match="scale must be one number > 0"):
         impl.fake_quant_fp8(w, "tensor", scale=[1.0, 1.0])
+    with pytest.raises(ValueError, match=r"scale must be \(3,\) > 0"):
+        impl.fake_quant_fp8(w3, "channel", scale=[1.0, 2.0])
     with pytest.raises(ValueError, match=r"scale must be \(2,\) > 0"):
         impl.fake_quant_fp8(w, "channel", scale=[1.0, 0.0])
     with pytest.raises(ValueError, match="per must be 'tensor' or 'channel'"):

@@ -356,11 +356,24 @@ def test_bad_arguments_name_the_parameter():
         impl.dequantize_mxfp4(np.zeros(34, np.int8))
     with pytest.raises(ValueError, match="raw must be uint8"):
         impl.dequantize_mxfp4(np.zeros(18, np.uint8))
+    with pytest.raises(ValueError, match="W: the last axis must be a positive multiple of 32"):
+        impl.quantize_mxfp4(np.zeros((2, 0)))
+    nan_e = np.zeros(17, np.uint8)
+    nan_e[0] = 0xFF  # the exponent byte is NaN; a code byte of 0xFF is just two codes 15
     with pytest.raises(ValueError, match="raw: E8M0 byte 0xFF"):
-        impl.dequantize_mxfp4(np.full(17, 0xFF, np.uint8))
+        impl.dequantize_mxfp4(nan_e)
+    out = impl.dequantize_mxfp4(nan_e[::-1].copy())  # e = 0, last byte 0xFF: weights 15 and 31
+    assert out[15] == out[31] == np.float32(-6.0 * 2.0 ** -127) and not out[:15].any()
+    for bad in (np.zeros((2, 0), np.uint8),):
+        with pytest.raises(ValueError, match="raw must be uint8"):
+            impl.dequantize_mxfp4(bad)
+        with pytest.raises(ValueError, match="raw must be uint8"):
+            impl.dequantize_nvfp4(bad)
     with pytest.raises(ValueError, match="raw must be uint8"):
         impl.dequantize_nvfp4(np.zeros(64, np.uint8))
     with pytest.raises(ValueError, match="raw: an NVFP4 scale byte has bit 7 set"):
         impl.dequantize_nvfp4(nvfp4_block([0x80, 0, 0, 0], [0] * 64))
     with pytest.raises(ValueError, match="global_scale must be a finite value > 0"):
         impl.dequantize_nvfp4(np.zeros(36, np.uint8), global_scale=-1.0)
+    with pytest.raises(ValueError, match="global_scale must be a finite value > 0"):
+        impl.dequantize_nvfp4(np.zeros(36, np.uint8), global_scale=0.0)
