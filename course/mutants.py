@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib
 import json
 import os
 import pathlib
@@ -60,6 +61,7 @@ DEFAULT_JOBS = 2
 DEFAULT_THRESHOLD = 90.0
 DEFAULT_MIN_MUTANTS = 6
 DEFAULT_MAX_GENERATED = 400
+WARM_PREFIX = "warm:"  # a preload entry that calls a function instead of importing a module
 EQUIVALENT_FILE = "equivalent.txt"
 HYPOTHESIS_PROFILE = "course-mutants"
 # Modules worth importing once in each warm worker when a lab uses them.
@@ -478,6 +480,11 @@ def _lab_imports(lab: pathlib.Path) -> set[str]:
             else:
                 continue
             wanted.update(n for n in names if n.split(".")[0] in PRELOAD_ROOTS)
+    if any(call in (lab / "test_lab.py").read_text(encoding="utf-8", errors="replace")
+           for call in ('gguf_reader("smollm2")', "gguf_reader('smollm2')")):
+        # the shared GGUF parse (seconds, mostly tokenizer strings): once per worker, and every
+        # forked child finds it in hub.gguf_reader's cache
+        wanted.add(WARM_PREFIX + "mini_vllm.models.hub:gguf_reader:smollm2")
     if any(n.split(".")[0] == "torch" for n in wanted):
         # torch.compile and make_fx import Dynamo on first use (about 3 s): once per worker
         # rather than once per mutant
@@ -686,7 +693,11 @@ def _worker_main() -> None:
     for name in ["pytest", "_pytest.python", "_pytest.main", "hypothesis",
                  *json.loads(sys.argv[1] if len(sys.argv) > 1 else "[]")]:
         try:
-            __import__(name)
+            if name.startswith(WARM_PREFIX):  # "warm:module:function:argument"
+                module, function, argument = name[len(WARM_PREFIX):].split(":")
+                getattr(importlib.import_module(module), function)(argument)
+            else:
+                __import__(name)
         except Exception:  # noqa: BLE001 - a preload is only an optimisation
             pass
     try:  # pytest's plugins (hypothesis, anyio, ...): else each child imports them again

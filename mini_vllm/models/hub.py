@@ -26,6 +26,7 @@ upstream: vllm/model_executor/model_loader/weight_utils.py:504 download_weights_
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pathlib
@@ -108,6 +109,19 @@ def model_path(name: str) -> pathlib.Path | None:
     m = spec(name)
     cached = model_dir(name) / m.filename
     return cached if cached.is_file() else installed_copy(m)
+
+
+@functools.lru_cache(maxsize=2)
+def gguf_reader(name: str):
+    """The named model's GGUF parsed by ``gguf.GGUFReader``, once per process.
+
+    Parsing costs seconds (SmolLM2's header holds about 98,000 tokenizer strings),
+    so the labs that read the file share this one reader. Its tensors are views
+    of a read-only memory map: copy before changing them.
+    """
+    import gguf
+
+    return gguf.GGUFReader(require(name))
 
 
 def installed_copy(m: HubModel) -> pathlib.Path | None:

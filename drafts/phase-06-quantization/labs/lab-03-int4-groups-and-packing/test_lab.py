@@ -457,18 +457,17 @@ def test_script_example_prints_the_readme_lines():
 def smollm2_q():
     """``blk.0.attn_q.weight`` of the shipped SmolLM2 GGUF: its raw bytes and gguf's floats.
 
-    The file is parsed once for the module (a few seconds: most of it is the tokenizer's
-    49,152 strings); only this one tensor's bytes are read.
+    The file is parsed once per session (a few seconds: most of it is the tokenizer's
+    strings) by ``hub.gguf_reader``, which lab 06 shares; only this one tensor's bytes are read.
     """
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize
 
-    from mini_vllm.models.hub import model_path
+    from mini_vllm.models import hub
 
-    path = model_path("smollm2")
-    if path is None:
+    if hub.model_path("smollm2") is None:
         pytest.skip("needs the SmolLM2 GGUF: python -m mini_vllm download smollm2")
-    reader = gguf.GGUFReader(path)
+    reader = hub.gguf_reader("smollm2")
     tensor = next(t for t in reader.tensors if t.name == TENSOR)
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
     raw = np.array(tensor.data)  # copy out of the memory map: [576, 360] uint8

@@ -47,6 +47,7 @@ def test_unpermute_qk_by_hand():
     # Read with one head instead of two, the same rows come out in another order.
     assert impl.unpermute_qk(w2, 1)[:, 0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
     assert w2[:, 0].tolist() == list(range(8))  # the input is not modified
+    assert impl.unpermute_qk([[0.0], [10.0], [1.0], [11.0]], 1).ravel().tolist() == [0, 1, 10, 11]
 
 
 def test_unpermute_qk_inverts_the_converter():
@@ -86,6 +87,7 @@ def test_apply_rope_gptj_by_hand():
     from mini_vllm.models.llama import apply_rope
 
     assert apply_rope(x, cos, sin).ravel().tolist() == [-3.0, -2.0, 1.0, -4.0]
+    assert impl.apply_rope_gptj(x.tolist(), cos, sin).ravel().tolist() == [-2.0, 1.0, -3.0, -4.0]
 
 
 def test_apply_rope_gptj_is_neox_on_interleaved_dims():
@@ -264,15 +266,15 @@ def test_build_weights_untied_head_and_bad_tensors():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """The GGUF parsed once (about 2 s, mostly the 98k tokenizer strings), read your way."""
-    gguf = pytest.importorskip("gguf")
+    """The GGUF parsed once per session (about 2 s, mostly the 98k tokenizer strings; lab 03
+    shares the parse through ``hub.gguf_reader``), read your way."""
+    pytest.importorskip("gguf")
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from mini_vllm.models.hub import model_path
+    from mini_vllm.models import hub
 
-    path = model_path("smollm2")
-    if path is None:
+    if hub.model_path("smollm2") is None:
         pytest.skip("needs the SmolLM2 GGUF: python -m mini_vllm download smollm2")
-    reader = gguf.GGUFReader(path)
+    reader = hub.gguf_reader("smollm2")
     with threadpoolctl.threadpool_limits(1, "blas"):
         config = impl.gguf_config(reader)
         tensors = impl.read_tensors(reader)
@@ -313,6 +315,7 @@ def test_weight_bytes_match_the_file(smollm2):
     # Q8_0: 32 in 34 (fp16 d, 32 int8) = 8.5; the 61 norms stay float32.
     assert foot == {"Q4_1": (210, 106_168_320, 66_355_200), "Q8_0": (1, 28_311_552, 30_081_024),
                     "F32": (61, 35_136, 140_544)}
+    assert all(type(n) is int for v in foot.values() for n in v)  # counts, not floats
     n_weights = sum(v[1] for v in foot.values())
     n_bytes = sum(v[2] for v in foot.values())
     assert (n_weights, n_bytes) == (134_515_008, 96_576_768)
@@ -414,3 +417,20 @@ def test_tokenizer_rejects_another_model_kind(smollm2):
                                      "tokenizer.ggml.model": FakeField("llama")})
     with pytest.raises(ValueError, match=r"reader: tokenizer.ggml.model must be 'gpt2' \(byte-level BPE\), got 'llama'"):
         impl.tokenizer_from_gguf(reader)
+    # Another pre-tokenizer name: no digit splitting, but the byte-level rules still apply
+    # (this vocabulary has no multi-digit tokens, so digits come out one by one anyway).
+    gpt2 = impl.tokenizer_from_gguf(SimpleNamespace(
+        fields={**smollm2.reader.fields, "tokenizer.ggml.pre": FakeField("gpt2")}))
+    assert gpt2.encode("Hello, world!").ids == GOLDEN["tokenizer"][1]["ids"]
+    assert gpt2.decode(gpt2.encode(" naïve café").ids) == " naïve café"
+
+
+def test_footprint_rejects_a_partial_block():
+    gguf = pytest.importorskip("gguf")
+    t = SimpleNamespace(name="blk.0.attn_q.weight", tensor_type=gguf.GGMLQuantizationType.Q4_1,
+                        shape=np.array([33]))
+    with pytest.raises(ValueError, match=r"reader: tensor blk.0.attn_q.weight holds 33 weights, "
+                                         r"not a whole number of Q4_1 blocks of 32"):
+        impl.quantized_footprint(SimpleNamespace(tensors=[t]))
+    t.shape = np.array([32, 2])
+    assert impl.quantized_footprint(SimpleNamespace(tensors=[t])) == {"Q4_1": (1, 64, 40)}
