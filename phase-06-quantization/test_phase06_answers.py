@@ -307,8 +307,11 @@ def test_w4a16_intensity_and_ridge():
 def _int4_answer():
     """The answer of EXERCISES item 13, the same code (the decorator applied by hand)."""
     quant = pytest.importorskip("mini_vllm.quantization")
-    from mini_vllm.quantization import (Int4GroupLinearMethod, QuantizationConfig,
-                                        register_quantization_config)
+    from mini_vllm.quantization import (
+        Int4GroupLinearMethod,
+        QuantizationConfig,
+        register_quantization_config,
+    )
 
     class Int4SkipConfig(QuantizationConfig):
         """int4 groups everywhere except the layers named in ``skip``."""

@@ -11,11 +11,12 @@ import types
 import numpy as np
 import pytest
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
 
-UPSTREAM = pathlib.Path(__file__).resolve().parents[4] / "upstream"
+UPSTREAM = course.UPSTREAM
 QUANT_UTILS = UPSTREAM / "vllm/model_executor/layers/quantization/utils/quant_utils.py"
 TENSOR = "blk.0.attn_q.weight"  # 576 x 576, Q4_1: 576 rows of 18 blocks = 360 bytes
 

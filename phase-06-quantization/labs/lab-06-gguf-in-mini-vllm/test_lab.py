@@ -1,6 +1,7 @@
 """Lab 06-06 tests: SmolLM2's GGUF loaded your way, run in mini_vllm, checked against transformers."""
 from __future__ import annotations
 
+import course
 from course import load_impl
 
 impl = load_impl(__file__)
@@ -12,7 +13,7 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[4]
+ROOT = course.REPO_ROOT
 # Recorded by mini_vllm's benchmarks/record_smollm2_golden.py: transformers 5.23 reading the
 # same GGUF file by itself (float32, one thread). chat[0] is "What is the capital of France?"
 # rendered with the file's chat template (37 tokens) and its 8 greedy tokens.
