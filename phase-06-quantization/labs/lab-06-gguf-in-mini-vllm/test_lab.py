@@ -398,6 +398,15 @@ def test_tokenizer_matches_transformers(smollm2, case):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("text", ["a  b   c", "hello\n\nworld"])
+def test_runs_of_whitespace_split_like_gpt2(smollm2, oracle, text):
+    # GPT-2's pre-tokenizer regex keeps a run of spaces or newlines apart from the word
+    # after it; without the regex (use_regex=False) byte-level BPE merges across them
+    # and these two texts get other ids. The oracle is mini_vllm's tokenizer.json.
+    assert smollm2.tok.encode(text).ids == oracle.tokenizer.encode(text)
+
+
+@pytest.mark.model
 def test_special_tokens_are_single_ids(smollm2):
     tok = smollm2.tok
     assert tok.encode("<|im_start|>").ids == [1]
