@@ -319,7 +319,16 @@ def test_smallest_valid_inputs_are_accepted():
     assert impl.naive_traffic(1, 1, 1) == 2
     assert impl.tiled_traffic(1, 1, 1, 1, 1) == 2
     assert impl.tile_order(8, 3, 3, 1) == (2, 2)  # the last pid is valid
-    assert impl.tile_order(np.int64(4), 3, 3, 3) == (1, 1)  # numpy integers are integers
+    got = impl.tile_order(np.int64(4), 3, 3, 3)  # numpy integers are integers
+    assert got == (1, 1) and all(type(v) is int for v in got)  # and come back as Python ints
+
+
+def test_launcher_without_triton_says_so(monkeypatch):
+    # runs with or without triton installed: the launcher must refuse before touching torch
+    monkeypatch.setattr(impl, "triton", None)
+    with pytest.raises(RuntimeError, match="triton") as err:
+        impl.triton_matmul(np.ones((16, 16), np.float32), np.ones((16, 16), np.float32))
+    assert type(err.value) is RuntimeError  # NotImplementedError is a RuntimeError too
 
 
 def test_example_prints_the_readme_lines():
@@ -415,6 +424,22 @@ def test_triton_reads_strided_views():
 
 
 @pytest.mark.triton
+def test_triton_masks_keep_loads_inside_the_matrix():
+    import torch
+
+    # A and B are windows into buffers whose other cells are NaN, so a load that strays past
+    # K (in either operand, through a dropped or loosened mask) puts a NaN into C.
+    bufA = torch.full((48, 32), float("nan"))
+    bufB = torch.full((32, 32), float("nan"))
+    A, B = bufA[:37, :19], bufB[:19, :23]
+    A.copy_(torch.from_numpy(rand((37, 19), 29)))
+    B.copy_(torch.from_numpy(rand((19, 23), 30)))
+    C = impl.triton_matmul(A, B)
+    assert torch.isfinite(C).all()
+    torch.testing.assert_close(C, A.contiguous() @ B.contiguous(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.triton
 def test_triton_launcher_rejects_what_the_kernel_cannot_tile():
     import torch
 
@@ -423,6 +448,8 @@ def test_triton_launcher_rejects_what_the_kernel_cannot_tile():
         impl.triton_matmul(A, B, block_m=8)
     with pytest.raises(ValueError, match="^block_k must"):
         impl.triton_matmul(A, B, block_k=24)
+    with pytest.raises(ValueError, match="^block_n must"):
+        impl.triton_matmul(A, B, block_n=32.0)
     with pytest.raises(ValueError, match="^B must"):
         impl.triton_matmul(A, torch.ones(15, 8))
     with pytest.raises(ValueError, match="^B must"):
