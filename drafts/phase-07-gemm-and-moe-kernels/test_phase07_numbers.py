@@ -156,7 +156,8 @@ def test_guide_s7_renormalize_is_softmax_over_selected():
 def test_guide_s7_docstring_example():
     ids = [[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]]
     sorted_ids, expert_ids, total = align(ids, 4, num_experts=5)
-    assert sorted_ids == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12]
+    pad = 12                                            # T * k
+    assert sorted_ids == [3, 6, 9, pad] + [0, 4, 10, pad] + [1, 7, 11, pad] + [2, 5, 8, pad]
     assert expert_ids == [1, 2, 3, 4] and total == 16
     # with num_experts = 4 (what the docstring says), expert 4's slots have nowhere to go
     assert align(ids, 4, num_experts=4)[2] == 12
@@ -284,3 +285,26 @@ def test_kernel_facts_at_the_pin():
         "MarlinFP8ScaledMMLinearKernel", "FlashInferFP8ScaledMMLinearKernel",
         "CutlassFP8ScaledMMLinearKernel", "PerTensorTorchFP8ScaledMMLinearKernel",
         "ChannelWiseTorchFP8ScaledMMLinearKernel"]
+
+
+# -- deep-dive ---------------------------------------------------------------------------------
+
+def test_deep_dive_sizes_and_checklist():
+    # section 11: the tuned files' N is the expert width per TP rank
+    assert 14336 // 2 == 7168 and 14336 // 4 == 3584
+    # section 9: GEMM 1's N is 2I; the shared buffer holds M * k * max(2I, H) elements
+    i, h = 14336, 4096
+    assert max(2 * i, h) == 28672
+    # section 2 / checklist: Mixtral with 2 redundant experts
+    assert 8 + 2 == 10
+    # section 8 / checklist: worst-case sorted_ids for T = 64, k = 2, E = 8, block 16
+    assert 64 * 2 + 8 * (16 - 1) == 248
+    # section 13 / checklist: 10 experts on 4 ranks, as the code splits them
+    base, rem = divmod(10, 4)
+    assert [base + 1 if r < rem else base for r in range(4)] == [3, 3, 2, 2]
+
+
+def test_deep_dive_s11_default_config_rule():
+    def block_m(m):
+        return 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
+    assert [block_m(m) for m in (1, 32, 33, 96, 97, 512, 513)] == [16, 16, 32, 32, 64, 64, 128]
