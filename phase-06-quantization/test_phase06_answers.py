@@ -67,7 +67,7 @@ def test_bits_per_weight_table():
     assert bits(4, 128, 20) == 4.15625        # AWQ g128, fp16 scale + 4-bit zero
     assert bits(4, 32, 16) == 4.5 and bits(4, 64, 16) == 4.25   # int4 g32, g64
     assert bits(4, 16, 16) == 5.0             # group 16: a whole extra bit
-    # scale overhead as a share of the 4-bit payload (the seed's arithmetic, corrected)
+    # scale overhead as a share of the 4-bit payload (older course material's arithmetic, corrected)
     assert (16 / 128) / 4 == 0.03125 and (16 / 16) / 4 == 0.25
     # FP8 per-tensor on a 576 x 576 matrix: 8 + 32 / numel
     assert round(8 + 32 / (576 * 576), 6) == 8.000096
@@ -106,7 +106,7 @@ def test_awq_frees_more_but_not_double():
 
 
 def test_seed_block_counts_are_impossible():
-    fp16_blocks, fp8_blocks, awq_blocks = 12_140, 18_900, 21_300    # the seed's L4 capture
+    fp16_blocks, fp8_blocks, awq_blocks = 12_140, 18_900, 21_300    # an older version's L4 capture
     block_bytes = BLOCK * kv_bytes_per_token(QWEN_05B, 2)
     assert block_bytes == 196_608                                   # 192 KiB per block
     all_weights = (linear_params(QWEN_05B) + embedding_params(QWEN_05B)) * 2

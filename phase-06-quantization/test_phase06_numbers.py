@@ -85,13 +85,13 @@ def test_guide_s3_bits_per_weight_table():
     assert bits_per_weight(16) == 5.0
     assert bits_per_weight(32, scale_bits=16, zero_bits=16) == 5.0    # Q4_1: fp16 d and m
     assert round(bits_per_weight(4096), 3) == 4.004
-    # overhead as a share of the 4-bit payload (seed error #18 corrected)
+    # overhead as a share of the 4-bit payload (an older claim, corrected: see ERRATA)
     assert (bits_per_weight(128) - 4) / 4 == 0.03125                 # 3.1%
     assert round((bits_per_weight(128, zero_bits=4) - 4) / 4, 3) == 0.039
     assert (bits_per_weight(32) - 4) / 4 == 0.125
     assert (bits_per_weight(16) - 4) / 4 == 0.25                     # 25%
     assert round((bits_per_weight(4096) - 4) / 4 * 100, 1) == 0.1
-    # in bytes, as the seed's inventory states it: 0.0156 B/weight and 0.125 B/weight
+    # in bytes, as the corrected figures are often quoted: 0.0156 B/weight and 0.125 B/weight
     assert round(16 / 128 / 8, 4) == 0.0156 and 16 / 16 / 8 == 0.125
     # group 16 stores 8x the scales of group 128
     assert (4096 // 16) / (4096 // 128) == 8
@@ -162,7 +162,7 @@ def test_guide_s11_seed_blocks_are_impossible():
     assert round(needed / 1e9, 2) == 1.80
     whole_model = 2 * (projection_params(**QWEN_05B) + 151_936 * 896)
     assert needed > whole_model                                   # more than the model weighs
-    assert round(21_300 / 12_140 - 1, 2) == 0.75                  # the seed's "+75%"
+    assert round(21_300 / 12_140 - 1, 2) == 0.75                  # the older claim, "+75%"
     assert round(1_820 / 12_140, 2) == 0.15 and round(2_694 / 12_140, 2) == 0.22
     assert 70e9 * 2 / 1e9 == 140                                  # 70B in bf16 > 80 GB
 

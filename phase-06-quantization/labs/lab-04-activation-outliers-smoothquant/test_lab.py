@@ -181,7 +181,7 @@ def test_outliers_break_per_tensor_w8a8_and_smoothing_rescues_it():
     naive = rel(ref, impl.w8a8_matmul(x, w))
     x_hat, w_hat, _ = impl.smooth(x, w)
     smoothed = rel(ref, impl.w8a8_matmul(x_hat, w_hat))
-    # measured: 6.40% -> 1.04%, 6.1x; the seed's bounds are > 5% and > 3x
+    # measured: 6.40% -> 1.04%, 6.1x; the original lab's bounds are > 5% and > 3x
     assert naive == pytest.approx(0.0640, abs=5e-4)
     assert smoothed == pytest.approx(0.0104, abs=5e-4)
     assert naive / smoothed > 5
