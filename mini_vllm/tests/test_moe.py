@@ -1,0 +1,117 @@
+"""The MoE primitives (mini_vllm/models/moe.py): routing, alignment, grouped experts.
+
+Checked three ways: exact small cases worked by hand (upstream's docstring example
+among them), a per-token dense reference on random problems, and transformers'
+own ``MixtralSparseMoeBlock`` on random weights.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mini_vllm.models.moe import (
+    FusedMoE,
+    expert_mlp,
+    fused_experts,
+    fused_topk,
+    moe_align_block_size,
+)
+
+
+def reference_moe(x, w13, w2, topk_weights, topk_ids):
+    """Token by token, choice by choice, in float64."""
+    out = np.zeros(x.shape, dtype=np.float64)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(topk_ids[t]):
+            y = expert_mlp(x[t:t + 1].astype(np.float64), w13[e].astype(np.float64),
+                           w2[e].astype(np.float64))
+            out[t] += topk_weights[t, j] * y[0]
+    return out
+
+
+def random_problem(num_tokens=13, hidden=16, inter=24, num_experts=6, top_k=2, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((num_tokens, hidden)).astype(np.float32)
+    router = (rng.standard_normal((hidden, num_experts)) / 4).astype(np.float32)
+    w13 = (rng.standard_normal((num_experts, 2 * inter, hidden)) / 4).astype(np.float32)
+    w2 = (rng.standard_normal((num_experts, hidden, inter)) / 5).astype(np.float32)
+    return x, router, w13, w2
+
+
+def test_align_reproduces_upstreams_docstring_example():
+    # upstream's example: 4 tokens, top-3, block 4. Expert ids run 1..4, so it needs
+    # num_experts=5 (expert 0 has no slot and gets no block).
+    topk_ids = np.array([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]])
+    sorted_ids, expert_ids, padded = moe_align_block_size(topk_ids, 4, 5)
+    pad = 12  # topk_ids.size: a slot id that does not exist
+    assert sorted_ids.reshape(4, 4).tolist() == [[3, 6, 9, pad], [0, 4, 10, pad],
+                                                 [1, 7, 11, pad], [2, 5, 8, pad]]
+    assert expert_ids.tolist() == [1, 2, 3, 4] and padded == 16
+
+
+def test_align_pads_each_expert_to_whole_blocks():
+    topk_ids = np.array([[0, 1], [0, 2], [0, 1], [0, 3], [0, 1]])
+    sorted_ids, expert_ids, padded = moe_align_block_size(topk_ids, 2, 5)
+    # expert 0: slots 0, 2, 4, 6, 8 (3 blocks); 1: 1, 5, 9 (2); 2: 3 (1); 3: 7 (1); 4: none
+    assert expert_ids.tolist() == [0, 0, 0, 1, 1, 2, 3]
+    assert sorted_ids.tolist() == [0, 2, 4, 6, 8, 10, 1, 5, 9, 10, 3, 10, 7, 10]
+    assert padded == 14
+    with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, 3\) \(num_experts\), got \[0, 3\]"):
+        moe_align_block_size(topk_ids, 2, 3)
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1, got 0"):
+        moe_align_block_size(topk_ids, 0, 5)
+
+
+def test_topk_renormalizes_and_breaks_ties_to_the_lower_id():
+    logits = np.log(np.array([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]], np.float32))
+    w, ids = fused_topk(logits, 2, renormalize=True)
+    assert ids.tolist() == [[1, 3], [0, 1]]
+    np.testing.assert_allclose(w, [[4 / 7, 3 / 7], [0.5, 0.5]], rtol=1e-6)
+    w, ids = fused_topk(logits, 2, renormalize=False)
+    np.testing.assert_allclose(w, [[0.4, 0.3], [0.25, 0.25]], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"top_k must be an integer in \[1, 4\], got 5"):
+        fused_topk(logits, 5)
+
+
+@pytest.mark.parametrize("top_k,block_size,num_experts", [(1, 4, 4), (2, 16, 6), (3, 3, 5), (2, 1, 8)])
+def test_grouped_experts_equal_the_per_token_reference(top_k, block_size, num_experts):
+    x, router, w13, w2 = random_problem(num_experts=num_experts, top_k=top_k, seed=top_k)
+    topk_weights, topk_ids = fused_topk(x @ router, top_k)
+    assert (np.sort(topk_ids, axis=1)[:, 1:] != np.sort(topk_ids, axis=1)[:, :-1]).all()  # distinct
+    got = fused_experts(x, w13, w2, topk_weights, topk_ids, block_size)
+    np.testing.assert_allclose(got, reference_moe(x, w13, w2, topk_weights, topk_ids),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_layer_reports_its_expert_loads():
+    x, router, w13, w2 = random_problem(num_tokens=9, num_experts=6, top_k=2, seed=5)
+    moe = FusedMoE(router, w13, w2, top_k=2)
+    moe(x)
+    assert moe.last_expert_loads.sum() == 9 * 2 and moe.last_expert_loads.max() <= 9
+    with pytest.raises(ValueError, match=r"expected router \[H, E\]"):
+        FusedMoE(router.T, w13, w2, top_k=2)
+
+
+def test_matches_transformers_mixtral_block():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    hidden, inter, num_experts, top_k, num_tokens = 16, 24, 4, 2, 11
+    config = MixtralConfig(hidden_size=hidden, intermediate_size=inter,
+                           num_local_experts=num_experts, num_experts_per_tok=top_k)
+    torch.manual_seed(0)
+    block = MixtralSparseMoeBlock(config).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0.0, 0.3)
+        h = torch.randn(1, num_tokens, hidden)
+        want = block(h).reshape(num_tokens, hidden).numpy()
+    # transformers keeps Mixtral's experts fused as vLLM does: gate_up_proj [E, 2I, H]
+    # (gate rows first) and down_proj [E, H, I]; the router is a linear [E, H].
+    moe = FusedMoE(block.gate.weight.detach().numpy().T.copy(),
+                   block.experts.gate_up_proj.detach().numpy(),
+                   block.experts.down_proj.detach().numpy(), top_k=top_k, block_size=4)
+    got = moe(h.reshape(num_tokens, hidden).numpy())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
