@@ -58,6 +58,7 @@ class StepStats:
     kv_rows_read: int = 0  # K/V rows the attention backend read, all layers (0: no attention)
     padded_tokens: int = 0  # rows added to reach a CUDA-graph capture size (0: not padded)
     cudagraph_mode: str = "NONE"  # the step's runtime mode: NONE or PIECEWISE
+    expert_loads: tuple[tuple[int, ...], ...] = ()  # MoE: slots per expert, one row per layer
 
 
 _MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
@@ -293,6 +294,7 @@ class LLMEngine:
         sampled: dict[str, int] = {}
         num_decode = kv_rows_read = padded = 0
         graph_mode = "NONE"
+        expert_loads = ()
         backend = getattr(self.model, "attn_backend", None)
         if out.total_num_scheduled_tokens:
             reqs = out.scheduled_requests
@@ -302,6 +304,9 @@ class LLMEngine:
             if backend is not None:
                 kv_rows_read = backend.kv_rows_read
             padded = getattr(self.model, "last_padded_tokens", 0)
+            loads = getattr(self.model, "last_expert_loads", None)
+            if loads is not None:
+                expert_loads = tuple(tuple(row) for row in loads.tolist())
             graph_mode = getattr(getattr(self.model, "last_cudagraph_mode", None), "name", "NONE")
             for row, req in enumerate(reqs):
                 n = out.num_scheduled_tokens[req.request_id]
@@ -334,6 +339,7 @@ class LLMEngine:
             kv_rows_read=kv_rows_read,
             padded_tokens=padded,
             cudagraph_mode=graph_mode,
+            expert_loads=expert_loads,
         ))
         return finished
 

@@ -5,6 +5,7 @@
 - ``"toy"``: ``mini_vllm.model.ToyModel`` (pseudo-logits, ignores the KV cache);
 - ``"tiny-random"``: a seeded random Llama-style model (2 layers, hidden 64,
   4 query heads sharing 2 KV heads, vocab 257 = ByteTokenizer), no files;
+- ``"tiny-moe"``: the same with Mixtral's MLP (4 experts, top-2; ``models/moe.py``);
 - a named real model from ``hub.MODELS`` (``"smollm2"``: SmolLM2-135M-Instruct),
   fetched once with ``python -m mini_vllm download smollm2``;
 - a ``.gguf`` file (Llama architecture), converted once to a folder beside it;
@@ -22,7 +23,12 @@ from __future__ import annotations
 
 import importlib.util
 
-from mini_vllm.models.config import ModelConfig, ModelConfigError, tiny_random_config
+from mini_vllm.models.config import (
+    ModelConfig,
+    ModelConfigError,
+    tiny_moe_config,
+    tiny_random_config,
+)
 from mini_vllm.models.llama import LlamaForCausalLM, Weights, random_weights
 from mini_vllm.models.loader import WeightLoadError, load_model, load_weights
 
@@ -41,9 +47,20 @@ __all__ = [
     "load_model",
     "load_weights",
     "random_weights",
+    "tiny_moe",
+    "tiny_moe_config",
     "tiny_random",
     "tiny_random_config",
 ]
+
+
+def tiny_moe(seed: int = 0, max_model_len: int | None = None) -> LlamaForCausalLM:
+    """tiny-random with Mixtral's MLP: 4 experts, top-2, seeded, ByteTokenizer, no files."""
+    from mini_vllm.tokenizer import ByteTokenizer
+
+    config = tiny_moe_config()
+    return LlamaForCausalLM(config, random_weights(config, seed), tokenizer=ByteTokenizer(),
+                            max_model_len=max_model_len, name="tiny-moe")
 
 
 def tiny_random(seed: int = 0, max_model_len: int | None = None) -> LlamaForCausalLM:
@@ -98,6 +115,9 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
         from mini_vllm.models.torch_backend import TorchLlamaForCausalLM
 
         reference = get_model(name_or_path, seed, max_model_len, **kw)
+        if reference.config.is_moe:
+            raise ValueError(f"backend 'torch' runs dense models only; {name_or_path!r} is a "
+                             f"mixture-of-experts model (use backend='numpy')")
         return TorchLlamaForCausalLM.from_numpy(reference, device)
     if name_or_path == "toy":
         from mini_vllm.model import ToyModel
@@ -110,6 +130,8 @@ def get_model(name_or_path: str, seed: int = 0, max_model_len: int | None = None
                          f"not {name_or_path!r}")
     if name_or_path == "tiny-random":
         return tiny_random(seed=seed, max_model_len=max_model_len)
+    if name_or_path == "tiny-moe":
+        return tiny_moe(seed=seed, max_model_len=max_model_len)
     from mini_vllm.models import hub
 
     if name_or_path in hub.MODELS:

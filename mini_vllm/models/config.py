@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -30,7 +31,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(slots=True)
 class ModelConfig:
-    architecture: str  # "llama" or "qwen2"
+    architecture: str  # "llama", "qwen2" or "mixtral"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -48,6 +49,12 @@ class ModelConfig:
     mlp_bias: bool = False  # Llama mlp_bias
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    num_local_experts: int = 0  # Mixtral: experts per MoE layer (0: a dense MLP)
+    num_experts_per_tok: int = 0  # Mixtral: top_k, the experts each token uses
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_local_experts > 0
 
     @property
     def q_size(self) -> int:
@@ -79,6 +86,14 @@ class ModelConfig:
                       f"num_attention_heads ({self.num_attention_heads})")
         if self.head_dim % 2:
             raise bad("head_dim", f"must be even for rotary embeddings, got {self.head_dim}")
+        if (self.architecture == "mixtral") != self.is_moe:
+            raise bad("num_local_experts", f"must be >= 1 for mixtral and 0 otherwise, got "
+                      f"{self.num_local_experts} for {self.architecture}")
+        if self.is_moe and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise bad("num_experts_per_tok", f"must be in [1, {self.num_local_experts}] "
+                      f"(num_local_experts), got {self.num_experts_per_tok}")
+        if self.is_moe and (self.qkv_bias or self.o_bias or self.mlp_bias):
+            raise bad("attention_bias", "is not part of a mixtral model")
         rope_type = self.rope_scaling.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise bad("rope_scaling", f"type {rope_type!r} is not supported "
@@ -115,6 +130,9 @@ class ModelConfig:
         if self.architecture == "llama":
             d["attention_bias"] = self.qkv_bias
             d["mlp_bias"] = self.mlp_bias
+        if self.is_moe:
+            d["num_local_experts"] = self.num_local_experts
+            d["num_experts_per_tok"] = self.num_experts_per_tok
         return d
 
     @classmethod
@@ -137,7 +155,8 @@ class ModelConfig:
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES),
                       None)
         if family is None and not archs:  # older files may name only the model_type
-            family = {"llama": "llama", "qwen2": "qwen2"}.get(d.get("model_type", ""))
+            family = {"llama": "llama", "qwen2": "qwen2", "mixtral": "mixtral"}.get(
+                d.get("model_type", ""))
         if family is None:
             what = ", ".join(archs) or f"model_type {d.get('model_type')!r}"
             raise ModelConfigError(
@@ -188,6 +207,8 @@ class ModelConfig:
             mlp_bias=family == "llama" and bool(d.get("mlp_bias", False)),
             eos_token_ids=eos_ids,
             bos_token_id=d.get("bos_token_id"),
+            num_local_experts=int(need("num_local_experts")) if family == "mixtral" else 0,
+            num_experts_per_tok=int(need("num_experts_per_tok")) if family == "mixtral" else 0,
         )
         cfg.validate(source)
         return cfg
@@ -212,6 +233,26 @@ def tiny_random_config() -> ModelConfig:
         max_position_embeddings=4096,
         tie_word_embeddings=False,
         eos_token_ids=(256,),
+    )
+
+
+def tiny_moe_config() -> ModelConfig:
+    """tiny-random's shape with Mixtral's MLP: 4 experts of intermediate size 96, top-2."""
+    return ModelConfig(
+        architecture="mixtral",
+        vocab_size=257,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_ids=(256,),
+        num_local_experts=4,
+        num_experts_per_tok=2,
     )
 
 

@@ -50,17 +50,27 @@ from mini_vllm.quantization.fp8 import FP8_E4M3_MAX, fp8_dtype
 
 
 @dataclass(slots=True)
+class MoEWeights:
+    """A Mixtral layer's MLP: a router and E experts, in vLLM's FusedMoE layout."""
+
+    router: np.ndarray  # [hidden, num_experts]
+    w13: np.ndarray  # [num_experts, 2 * intermediate, hidden]: gate rows, then up rows
+    w2: np.ndarray  # [num_experts, hidden, intermediate]
+
+
+@dataclass(slots=True)
 class LayerWeights:
     input_norm: np.ndarray  # [hidden]
     qkv_proj: np.ndarray  # [hidden, q_size + 2 * kv_size]
     o_proj: np.ndarray  # [q_size, hidden]
     post_norm: np.ndarray  # [hidden]
-    gate_up_proj: np.ndarray  # [hidden, 2 * intermediate]
-    down_proj: np.ndarray  # [intermediate, hidden]
+    gate_up_proj: np.ndarray | None  # [hidden, 2 * intermediate]; None in a MoE layer
+    down_proj: np.ndarray | None  # [intermediate, hidden]; None in a MoE layer
     qkv_bias: np.ndarray | None = None  # [q_size + 2 * kv_size]
     o_bias: np.ndarray | None = None  # [hidden]
     gate_up_bias: np.ndarray | None = None  # [2 * intermediate]
     down_bias: np.ndarray | None = None  # [hidden]
+    moe: MoEWeights | None = None  # Mixtral: replaces gate_up_proj / down_proj
 
 
 @dataclass(slots=True)
@@ -73,12 +83,17 @@ class Weights:
 
 @dataclass(slots=True)
 class DecoderLinears:
-    """The four linear layers of one decoder layer, each with its quantization method."""
+    """The linear layers of one decoder layer, each with its quantization method.
+
+    A Mixtral layer has no dense MLP: ``gate_up_proj`` and ``down_proj`` are None
+    and ``moe`` (a ``FusedMoE``) takes their place.
+    """
 
     qkv_proj: LinearLayer
     o_proj: LinearLayer
-    gate_up_proj: LinearLayer
-    down_proj: LinearLayer
+    gate_up_proj: LinearLayer | None
+    down_proj: LinearLayer | None
+    moe: object | None = None  # mini_vllm.models.moe.FusedMoE
 
 
 # (LayerWeights field, name after "model.layers.N.", bias field): vLLM's module names.
@@ -91,7 +106,8 @@ _LINEARS = (
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "fp8" is E4M3, as on NVIDIA GPUs
 
 
-def build_linears(weights: Weights, quant_config: QuantizationConfig | None) -> list[DecoderLinears]:
+def build_linears(weights: Weights, quant_config: QuantizationConfig | None,
+                  top_k: int = 0) -> list[DecoderLinears]:
     """Make every layer's linear layers, load the weights into them, and let each method process them.
 
     The order is upstream's: ``create_weights`` declares ``layer.weight`` [out, in];
@@ -101,8 +117,15 @@ def build_linears(weights: Weights, quant_config: QuantizationConfig | None) -> 
     result = []
     for i, lw in enumerate(weights.layers):
         made = {}
+        if lw.moe is not None:
+            from mini_vllm.models.moe import FusedMoE
+
+            made = {"gate_up_proj": None, "down_proj": None,
+                    "moe": FusedMoE(lw.moe.router, lw.moe.w13, lw.moe.w2, top_k=top_k)}
         for field, suffix, bias_field in _LINEARS:
             w = getattr(lw, field)  # [in, out]
+            if w is None and lw.moe is not None:
+                continue  # the MoE layer's MLP: experts are never quantized here
             in_size, out_size = w.shape
             prefix = f"model.layers.{i}.{suffix}"
             layer = LinearLayer(in_size, out_size, prefix, bias=getattr(lw, bias_field))
@@ -183,7 +206,10 @@ class LlamaForCausalLM:
             raise ValueError(f"quant_config must be a QuantizationConfig or None, got {quant_config!r}")
         self.config = config
         self.quant_config = quant_config
-        self.linears = build_linears(weights, quant_config)
+        if quant_config is not None and config.is_moe:
+            raise ValueError("quantization covers dense models only: a mixtral model's experts "
+                             "have no quantized method in mini_vllm (use quantization=None)")
+        self.linears = build_linears(weights, quant_config, config.num_experts_per_tok)
         if quant_config is not None:
             # The methods hold the weights now; drop this model's references to the
             # float32 matrices so they can be freed (the caller's Weights is untouched).
@@ -205,6 +231,7 @@ class LlamaForCausalLM:
         self.scale = config.head_dim ** -0.5
         self.kv_cache: np.ndarray | None = None  # [layers, 2, blocks, block_size, kv_heads, hd]
         self.kv_cache_dtype = "auto"
+        self.last_expert_loads: np.ndarray | None = None  # MoE: [layers, experts] of the last forward
         self.attn_backend: AttentionBackend = NumpyGatherBackend()
 
     attn_platform = "numpy"  # which AttentionBackend classes can serve this model
@@ -243,7 +270,8 @@ class LlamaForCausalLM:
     def linear_weight_bytes(self) -> int:
         """Bytes the linear layers' weights take as stored (codes and scales; biases excluded)."""
         return sum(layer.weight_bytes() for lin in self.linears
-                   for layer in (lin.qkv_proj, lin.o_proj, lin.gate_up_proj, lin.down_proj))
+                   for layer in (lin.qkv_proj, lin.o_proj, lin.gate_up_proj, lin.down_proj)
+                   if layer is not None)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -273,6 +301,8 @@ class LlamaForCausalLM:
         angles = model_input.positions.astype(np.float32)[:, None] * self.inv_freq[None, :]
         cos, sin = np.cos(angles), np.sin(angles)
         fp8_cache = self.kv_cache_dtype != "auto"
+        if c.is_moe:  # tokens routed to each expert, per layer, in this forward pass
+            self.last_expert_loads = np.zeros((c.num_hidden_layers, c.num_local_experts), np.int64)
         for layer_idx, (lw, lin) in enumerate(zip(w.layers, self.linears, strict=True)):
             h = rms_norm(x, lw.input_norm, c.rms_norm_eps)
             qkv = lin.qkv_proj(h)
@@ -290,6 +320,10 @@ class LlamaForCausalLM:
             x = x + lin.o_proj(attn.reshape(num_tokens, c.q_size))
 
             h = rms_norm(x, lw.post_norm, c.rms_norm_eps)
+            if lin.moe is not None:  # Mixtral: route each token to top_k of the experts
+                x = x + lin.moe(h)
+                self.last_expert_loads[layer_idx] = lin.moe.last_expert_loads
+                continue
             gate_up = lin.gate_up_proj(h)
             act = silu(gate_up[:, :c.intermediate_size])
             act *= gate_up[:, c.intermediate_size:]  # silu(gate) * up, in place
@@ -312,6 +346,13 @@ def random_weights(config: ModelConfig, seed: int = 0) -> Weights:
     def vec(n: int, mean: float = 0.0, std: float = 0.1) -> np.ndarray:
         return (mean + std * rng.standard_normal(n)).astype(np.float32)
 
+    def experts() -> MoEWeights:
+        e, h, f = c.num_local_experts, c.hidden_size, c.intermediate_size
+        # the router is scaled up so that tokens really choose between experts
+        return MoEWeights(router=mat(h, e) * np.float32(4),
+                          w13=np.stack([mat(h, 2 * f).T for _ in range(e)]),
+                          w2=np.stack([mat(f, h).T for _ in range(e)]))
+
     qkv_out = c.q_size + 2 * c.kv_size
     layers = [
         LayerWeights(
@@ -319,12 +360,13 @@ def random_weights(config: ModelConfig, seed: int = 0) -> Weights:
             qkv_proj=mat(c.hidden_size, qkv_out),
             o_proj=mat(c.q_size, c.hidden_size),
             post_norm=vec(c.hidden_size, 1.0),
-            gate_up_proj=mat(c.hidden_size, 2 * c.intermediate_size),
-            down_proj=mat(c.intermediate_size, c.hidden_size),
+            gate_up_proj=None if c.is_moe else mat(c.hidden_size, 2 * c.intermediate_size),
+            down_proj=None if c.is_moe else mat(c.intermediate_size, c.hidden_size),
             qkv_bias=vec(qkv_out) if c.qkv_bias else None,
             o_bias=vec(c.hidden_size) if c.o_bias else None,
             gate_up_bias=vec(2 * c.intermediate_size) if c.mlp_bias else None,
             down_bias=vec(c.hidden_size) if c.mlp_bias else None,
+            moe=experts() if c.is_moe else None,
         )
         for _ in range(c.num_hidden_layers)
     ]

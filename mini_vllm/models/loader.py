@@ -34,6 +34,14 @@ weight is transposed on the way in::
     lm_head.weight                     [V, H]   lm_head [H, V]; embed_tokens.T when
                                                   tie_word_embeddings (may be absent)
     *.rotary_emb.inv_freq (old files)           ignored: recomputed from the config
+    Mixtral (architecture "mixtral"), instead of the mlp.* rows:
+    L{i}.block_sparse_moe.gate.weight  [E, H]   layers[i].moe.router       [H, E]
+    L{i}.block_sparse_moe.experts.{e}.w1/w3.weight  [F, H] each
+                                                layers[i].moe.w13[e]       [2F, H] (w1 rows first)
+    L{i}.block_sparse_moe.experts.{e}.w2.weight     [H, F]
+                                                layers[i].moe.w2[e]        [H, F]
+    (or the fused L{i}.mlp.gate.weight, .mlp.experts.gate_up_proj [E, 2F, H] and
+    .mlp.experts.down_proj [E, H, F], the layout transformers 5 and vLLM keep in memory)
 
 V = vocab, H = hidden, Q = heads * head_dim, KV = kv_heads * head_dim,
 F = intermediate_size. Fusing q/k/v and gate/up is what vLLM's
@@ -53,7 +61,7 @@ import struct
 import numpy as np
 
 from mini_vllm.models.config import ModelConfig
-from mini_vllm.models.llama import LayerWeights, Weights
+from mini_vllm.models.llama import LayerWeights, MoEWeights, Weights
 
 
 class WeightLoadError(ValueError):
@@ -144,27 +152,50 @@ def load_weights(config: ModelConfig, tensors: dict[str, np.ndarray],
         return take(prefix + ".bias", (n,))
 
     H, V, Q, KV, F = c.hidden_size, c.vocab_size, c.q_size, c.kv_size, c.intermediate_size
+    E = c.num_local_experts
+
+    def experts(p: str) -> MoEWeights:
+        """Mixtral's MLP, saved per expert (w1 gate, w3 up, w2 down) or fused (as vLLM holds it)."""
+        moe = p + ".block_sparse_moe"
+        if moe + ".gate.weight" not in tensors and p + ".mlp.gate.weight" in tensors:
+            fused = p + ".mlp"  # transformers 5 keeps the experts fused in memory
+            return MoEWeights(router=take(fused + ".gate.weight", (E, H)).T,
+                              w13=take(fused + ".experts.gate_up_proj", (E, 2 * F, H)),
+                              w2=take(fused + ".experts.down_proj", (E, H, F)))
+        w13 = np.stack([np.concatenate([take(f"{moe}.experts.{e}.w1.weight", (F, H)),
+                                        take(f"{moe}.experts.{e}.w3.weight", (F, H))])
+                        for e in range(E)])
+        w2 = np.stack([take(f"{moe}.experts.{e}.w2.weight", (H, F)) for e in range(E)])
+        return MoEWeights(router=np.ascontiguousarray(take(moe + ".gate.weight", (E, H)).T),
+                          w13=w13, w2=w2)
+
     layers = []
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}"
         attn, mlp = p + ".self_attn", p + ".mlp"
         qkv = np.concatenate([linear(attn + ".q_proj", H, Q), linear(attn + ".k_proj", H, KV),
                               linear(attn + ".v_proj", H, KV)], axis=1)
-        gate_up = np.concatenate([linear(mlp + ".gate_proj", H, F),
-                                  linear(mlp + ".up_proj", H, F)], axis=1)
+        if c.is_moe:
+            moe, gate_up, down = experts(p), None, None
+        else:
+            moe = None
+            gate_up = np.ascontiguousarray(np.concatenate([linear(mlp + ".gate_proj", H, F),
+                                                           linear(mlp + ".up_proj", H, F)], axis=1))
+            down = np.ascontiguousarray(linear(mlp + ".down_proj", F, H))
         layers.append(LayerWeights(
             input_norm=take(p + ".input_layernorm.weight", (H,)),
             qkv_proj=np.ascontiguousarray(qkv),
             o_proj=np.ascontiguousarray(linear(attn + ".o_proj", Q, H)),
             post_norm=take(p + ".post_attention_layernorm.weight", (H,)),
-            gate_up_proj=np.ascontiguousarray(gate_up),
-            down_proj=np.ascontiguousarray(linear(mlp + ".down_proj", F, H)),
+            gate_up_proj=gate_up,
+            down_proj=down,
             qkv_bias=np.concatenate([bias(attn + ".q_proj", Q), bias(attn + ".k_proj", KV),
                                      bias(attn + ".v_proj", KV)]) if c.qkv_bias else None,
             o_bias=bias(attn + ".o_proj", H) if c.o_bias else None,
             gate_up_bias=np.concatenate([bias(mlp + ".gate_proj", F),
                                          bias(mlp + ".up_proj", F)]) if c.mlp_bias else None,
             down_bias=bias(mlp + ".down_proj", H) if c.mlp_bias else None,
+            moe=moe,
         ))
     embed = take("model.embed_tokens.weight", (V, H))
     if c.tie_word_embeddings:
@@ -205,9 +236,17 @@ def to_hf_state_dict(config: ModelConfig, weights: Weights) -> dict[str, np.ndar
             if lw.qkv_bias is not None:
                 sd[f"{a}.{name}.bias"] = lw.qkv_bias[lo:hi]
         sd[a + ".o_proj.weight"] = lw.o_proj.T
-        sd[m + ".gate_proj.weight"] = lw.gate_up_proj[:, :F].T
-        sd[m + ".up_proj.weight"] = lw.gate_up_proj[:, F:].T
-        sd[m + ".down_proj.weight"] = lw.down_proj.T
+        if lw.moe is not None:  # Mixtral, saved per expert as transformers saves it
+            b = p + ".block_sparse_moe"
+            sd[b + ".gate.weight"] = lw.moe.router.T
+            for e in range(c.num_local_experts):
+                sd[f"{b}.experts.{e}.w1.weight"] = lw.moe.w13[e, :F]
+                sd[f"{b}.experts.{e}.w3.weight"] = lw.moe.w13[e, F:]
+                sd[f"{b}.experts.{e}.w2.weight"] = lw.moe.w2[e]
+        else:
+            sd[m + ".gate_proj.weight"] = lw.gate_up_proj[:, :F].T
+            sd[m + ".up_proj.weight"] = lw.gate_up_proj[:, F:].T
+            sd[m + ".down_proj.weight"] = lw.down_proj.T
         for key, b in ((a + ".o_proj.bias", lw.o_bias), (m + ".down_proj.bias", lw.down_bias)):
             if b is not None:
                 sd[key] = b

@@ -164,7 +164,7 @@ def test_missing_shard_names_the_shard(ckpt):
 
 @pytest.mark.parametrize("arch,model_type", [
     (["GPT2LMHeadModel"], "gpt2"),
-    (["MixtralForCausalLM"], "llama"),  # a known model_type does not rescue it
+    (["Qwen2MoeForCausalLM"], "llama"),  # a known model_type does not rescue it
     (None, "mistral"),  # no "architectures" key: model_type decides
 ])
 def test_unsupported_architecture_is_named(ckpt, arch, model_type):

@@ -115,3 +115,109 @@ def test_matches_transformers_mixtral_block():
                    block.experts.down_proj.detach().numpy(), top_k=top_k, block_size=4)
     got = moe(h.reshape(num_tokens, hidden).numpy())
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the Mixtral model in the engine
+
+from mini_vllm.engine import LLMEngine  # noqa: E402
+from mini_vllm.models import get_model  # noqa: E402
+from mini_vllm.sampling_params import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+SHARED = list(range(40, 61))
+PROMPTS = [{"prompt_token_ids": SHARED + [1, 2, 3]}, {"prompt_token_ids": [200]},
+           {"prompt_token_ids": SHARED + [9]}, {"prompt_token_ids": list(range(100, 137))}]
+
+
+def run_moe(prompts=PROMPTS, **kw):
+    kw.setdefault("block_size", 4)
+    kw.setdefault("num_blocks", 128)
+    engine = LLMEngine("tiny-moe", **kw)
+    return [list(r.output_token_ids) for r in engine.generate(prompts, GREEDY)], engine
+
+
+def test_tiny_moe_scheduling_never_changes_output_and_counts_expert_loads():
+    alone = [run_moe([p], enable_caching=False)[0][0] for p in PROMPTS]
+    chunked, engine = run_moe(max_num_batched_tokens=5)
+    assert chunked == alone
+    for s in engine.stats:  # every scheduled token makes top_k = 2 slots in each of 2 layers
+        assert [sum(row) for row in s.expert_loads] == [2 * sum(s.num_scheduled_tokens.values())] * 2
+    engine = LLMEngine("tiny-moe", block_size=4, num_blocks=128)
+    first = [list(r.output_token_ids) for r in engine.generate(PROMPTS, GREEDY)]
+    second = [list(r.output_token_ids) for r in engine.generate(PROMPTS, GREEDY)]
+    assert first == alone and second == alone
+    assert sum(s.num_cached_tokens for s in engine.stats) >= 2 * 20
+    preempted, engine = run_moe(num_blocks=13)
+    assert preempted == alone and any(s.preempted for s in engine.stats)
+    # the router really spreads tokens: every expert of every layer gets work
+    loads = np.array([s.expert_loads for s in engine.stats]).sum(axis=0)
+    assert (loads > 0).all()
+
+
+def test_moe_models_refuse_what_they_cannot_do():
+    from mini_vllm.models.config import ModelConfigError, tiny_moe_config
+
+    with pytest.raises(ValueError, match="quantization covers dense models only"):
+        get_model("tiny-moe", quantization="int8")
+    with pytest.raises(ValueError, match="backend 'torch' runs dense models only"):
+        get_model("tiny-moe", backend="torch")
+    config = tiny_moe_config()
+    config.num_experts_per_tok = 5
+    with pytest.raises(ModelConfigError, match=r"num_experts_per_tok must be in \[1, 4\]"):
+        config.validate()
+    assert LLMEngine("tiny-random").stats == [] and get_model("tiny-random").last_expert_loads is None
+
+
+def test_mixtral_checkpoint_matches_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from mini_vllm.models.config import ModelConfig
+    from mini_vllm.models.loader import load_weights
+    from mini_vllm.models.runner import greedy_generate
+
+    cfg = transformers.MixtralConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=256, eos_token_id=96,
+        attn_implementation="eager")
+    torch.manual_seed(0)
+    hf = transformers.MixtralForCausalLM(cfg).float().eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # unit-scale weights: spread-out logits, no near-ties
+        for name, p in hf.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.1 * noise if "norm" in name else
+                    noise if "embed_tokens" in name else noise / p.shape[-1] ** 0.5)
+    hf.save_pretrained(tmp_path, safe_serialization=True)  # per-expert w1/w2/w3 names
+    ours = get_model(str(tmp_path))
+    assert ours.config.architecture == "mixtral" and ours.config.num_experts_per_tok == 2
+    # the fused in-memory names (mlp.experts.gate_up_proj ...) load to the same weights
+    fused = load_weights(ModelConfig.from_hf(tmp_path),
+                         {k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    np.testing.assert_array_equal(fused.layers[1].moe.w13, ours.weights.layers[1].moe.w13)
+
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 96, n).tolist() for n in (1, 9, 23)]
+    tokens, first_logits = greedy_generate(ours, prompts, 8, block_size=4, return_logits=True)
+    hf.generation_config.eos_token_id = None
+    for prompt, got, logits in zip(prompts, tokens, first_logits, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            want_logits = hf(ids).logits[0, -1].numpy()
+            want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                               do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        assert got == want
+        np.testing.assert_allclose(logits, want_logits, atol=1e-4, rtol=0)
+
+
+def test_tiny_moe_saves_and_loads_back_unchanged(tmp_path):
+    from mini_vllm.models.loader import save_checkpoint
+    from mini_vllm.models.runner import greedy_generate
+
+    model = get_model("tiny-moe")
+    save_checkpoint(tmp_path, model.config, model.weights)
+    back = get_model(str(tmp_path))
+    assert back.config.num_local_experts == 4 and back.config.num_experts_per_tok == 2
+    np.testing.assert_array_equal(back.weights.layers[0].moe.w2, model.weights.layers[0].moe.w2)
+    prompts = [[5, 6, 7], list(range(30, 50))]
+    assert greedy_generate(back, prompts, 6) == greedy_generate(model, prompts, 6)
