@@ -149,6 +149,19 @@ def test_top_k_one_reads_the_slot_row_itself():
     impl.invoke_fused_moe_kernel(torch.from_numpy(A), torch.from_numpy(w2), C, None,
                                  ids, experts, used, top_k=1, mul_routed_weight=False)
     np.testing.assert_allclose(C.numpy(), slot_rows(A, w2, ti, 1), rtol=0, atol=1e-4)
+    # The K tail, in both operands: A and B are windows whose columns 48..63 are NaN, and
+    # block_k = 32 makes the second K step cover indices 32..63. A K mask dropped,
+    # loosened to <= K, or or-ed with the row mask in either load reads a NaN into C.
+    bufA = torch.full((T * K_TOP, 64), float("nan"))
+    bufB = torch.full((E, H, 64), float("nan"))
+    An, Bn = bufA[:, :INTER], bufB[:, :, :INTER]
+    An.copy_(torch.from_numpy(A))
+    Bn.copy_(torch.from_numpy(w2))
+    C = torch.zeros((T * K_TOP, H))
+    impl.invoke_fused_moe_kernel(An, Bn, C, None, ids, experts, used, top_k=1,
+                                 mul_routed_weight=False, block_k=32)
+    assert torch.isfinite(C).all()
+    np.testing.assert_allclose(C.numpy(), slot_rows(A, w2, ti, 1), rtol=0, atol=1e-4)
 
 
 @pytest.mark.triton
@@ -277,14 +290,20 @@ def test_launcher_rejects_what_the_kernel_cannot_run():
         call(num_tokens_post_padded=80)
     with pytest.raises(ValueError, match="^num_tokens_post_padded must"):
         call(num_tokens_post_padded=24)
+    for bad in (torch.tensor([64, 0]), torch.tensor([64.0]), 64.0):
+        with pytest.raises(ValueError, match="^num_tokens_post_padded must"):
+            call(num_tokens_post_padded=bad)
+    call(num_tokens_post_padded=torch.tensor([used]))  # a one-element integer tensor is fine
     with pytest.raises(ValueError, match="^block_m must"):
         call(block_m=8)
+    with pytest.raises(ValueError, match="^block_n must"):
+        call(block_n=48)
     with pytest.raises(ValueError, match="^block_k must"):
         call(block_k=24)
     with pytest.raises(ValueError, match="^topk_ids must"):
         impl.fused_experts_triton(A, B, torch.from_numpy(w2), torch.from_numpy(tw),
                                   torch.from_numpy(ti)[:4])
-    with pytest.raises(ValueError, match="^topk_weights must"):
+    with pytest.raises(ValueError, match="^topk_weights must have topk_ids' shape"):
         impl.fused_experts_triton(A, B, torch.from_numpy(w2), torch.from_numpy(tw)[:, :1],
                                   torch.from_numpy(ti))
 
@@ -365,6 +384,10 @@ def test_kernel_shares_ties_empty_and_bad_input():
     # equal times: alphabetical by category
     assert [r[0] for r in impl.kernel_shares(tie)] == ["attention", "fused_moe", "norm"]
     assert impl.kernel_shares({"traceEvents": []}) == []
+    # a zero-length kernel is a kernel (duration 0 is allowed); with no time at all the
+    # share is 0, not 1 and not a division by zero
+    zero = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 0}]}
+    assert impl.kernel_shares(zero) == [("other", 1, 0.0, 0.0)]
     assert impl.kernel_shares({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x",
                                                 "dur": 3}]}) == []
     with pytest.raises(ValueError, match="^trace must"):
