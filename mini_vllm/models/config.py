@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # config.json "architectures" entry -> the family name used below.
 SUPPORTED_ARCHITECTURES = {
@@ -238,22 +238,8 @@ def tiny_random_config() -> ModelConfig:
 
 def tiny_moe_config() -> ModelConfig:
     """tiny-random's shape with Mixtral's MLP: 4 experts of intermediate size 96, top-2."""
-    return ModelConfig(
-        architecture="mixtral",
-        vocab_size=257,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_theta=10000.0,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        eos_token_ids=(256,),
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    return replace(tiny_random_config(), architecture="mixtral", intermediate_size=96,
+                   num_local_experts=4, num_experts_per_tok=2)
 
 
 def rope_inv_freq(cfg: ModelConfig):

@@ -82,7 +82,14 @@ class QuantizeMethodBase(ABC):
 
 
 class LinearMethodBase(QuantizeMethodBase):
-    """Base class for the methods of linear layers (upstream keeps the same split)."""
+    """Base class for the methods of linear layers (upstream keeps the same split).
+
+    Every method here quantizes online, so each starts from the same float32
+    placeholder; a method overrides ``create_weights`` only to check more.
+    """
+
+    def create_weights(self, layer: LinearLayer, input_size: int, output_size: int) -> None:
+        layer.weight = np.empty((output_size, input_size), dtype=np.float32)
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
@@ -92,9 +99,6 @@ class UnquantizedLinearMethod(LinearMethodBase):
     array, so ``layer.weight.T`` is that array again, strides and all: this
     path computes exactly what the model computed before quantization existed.
     """
-
-    def create_weights(self, layer: LinearLayer, input_size: int, output_size: int) -> None:
-        layer.weight = np.empty((output_size, input_size), dtype=np.float32)
 
     def apply(self, layer: LinearLayer, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         out = x @ layer.weight.T

@@ -87,9 +87,6 @@ def quantize_fp8_per_token(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Fp8LinearMethod(LinearMethodBase):
     """Replaces ``weight`` by float8_e4m3fn codes [out, in] and adds a float32 ``weight_scale``."""
 
-    def create_weights(self, layer: LinearLayer, input_size: int, output_size: int) -> None:
-        layer.weight = np.empty((output_size, input_size), dtype=np.float32)
-
     def process_weights_after_loading(self, layer: LinearLayer) -> None:
         layer.weight, scale = quantize_fp8_per_tensor(layer.weight)
         layer.weight_scale = np.array(scale, dtype=np.float32)

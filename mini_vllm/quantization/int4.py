@@ -82,7 +82,7 @@ class Int4GroupLinearMethod(LinearMethodBase):
             raise ValueError(f"int4 packs {PACK_FACTOR} rows per int32: the input size of "
                              f"{layer.prefix or 'the layer'} must be a multiple of {PACK_FACTOR}, "
                              f"got {input_size}")
-        layer.weight = np.empty((output_size, input_size), dtype=np.float32)
+        super().create_weights(layer, input_size, output_size)
 
     def process_weights_after_loading(self, layer: LinearLayer) -> None:
         codes, layer.scales = quantize_int4_groups(layer.weight.T, self.group_size)

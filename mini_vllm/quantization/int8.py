@@ -48,9 +48,6 @@ class Int8LinearMethod(LinearMethodBase):
     too (its online methods swap the parameter in place).
     """
 
-    def create_weights(self, layer: LinearLayer, input_size: int, output_size: int) -> None:
-        layer.weight = np.empty((output_size, input_size), dtype=np.float32)
-
     def process_weights_after_loading(self, layer: LinearLayer) -> None:
         # Rebinding ``weight`` drops the layer's reference to the float32 matrix.
         layer.weight, layer.weight_scale = quantize_int8_per_channel(layer.weight)
