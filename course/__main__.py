@@ -7,6 +7,7 @@
     python -m course nav [--root DIR] [--check]
     python -m course progress [PHASE ...] [--root DIR] [--no-cache]
     python -m course mutants [LAB ...] [--generated] [-j N] [--json FILE]
+                           [--ledger] [--update-ledger]
     python -m course vllm-env [--venv DIR] [--check]
 
 Exit status: 0 all good, 1 the check found problems (listed on stdout),
@@ -167,6 +168,7 @@ def run(argv: list[str]) -> int:
             _root(args.root), args.labs, generated=args.generated, jobs=args.jobs,
             threshold=args.threshold, json_path=args.json, min_mutants=args.min_mutants,
             max_generated=args.max_generated, timeout=args.timeout,
+            ledger=args.ledger, update_ledger=args.update_ledger,
         )
     if args.command == "nav":
         from course import nav

@@ -30,6 +30,16 @@ depends on the run. Mutated copies live in a temporary folder beside copies of
 the lab's other files (so ``Path(__file__).with_name("corpus.txt")`` still
 works); nothing is left behind.
 
+The ledger: a full run of every lab's mutants takes longer than CI can give as
+the course grows, so ``--update-ledger`` writes each fully graded lab's verdicts
+to ``mutants/ledger.json`` under a fingerprint (a SHA-256 over every file of the
+lab but its Markdown, the conftests above it, the repository modules its Python
+files import by name, and the source of the grader itself). ``--ledger`` takes a
+lab's verdicts from that file when its fingerprint still matches, and re-grades
+a seeded sample of them (``SPOT_CHECK``) that must agree verdict for verdict; a
+lab without a matching entry is graded in full. CI runs with ``--ledger``; a
+learner's plain ``python -m course mutants`` grades everything.
+
 Exit status: 0 every mutant killed (and, with ``--generated``, every lab at or
 above ``--threshold``), 1 otherwise, 2 bad input (one line on stderr).
 """
@@ -39,7 +49,9 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import hashlib
 import importlib
+import inspect
 import json
 import os
 import pathlib
@@ -63,6 +75,10 @@ DEFAULT_MIN_MUTANTS = 6
 DEFAULT_MAX_GENERATED = 400
 WARM_PREFIX = "warm:"  # a preload entry that calls a function instead of importing a module
 EQUIVALENT_FILE = "equivalent.txt"
+LEDGER_FILE = "ledger.json"  # in a lab's mutants/: verdicts of its last full run
+LEDGER_FORMAT = 1
+SPOT_CHECK = {"hand": 4, "generated": 8}  # --ledger: mutants re-graded per lab
+REPO_PACKAGES = ("mini_vllm", "course", "benchmarks")  # imports that count in a fingerprint
 HYPOTHESIS_PROFILE = "course-mutants"
 # Modules worth importing once in each warm worker when a lab uses them.
 PRELOAD_ROOTS = ("numpy", "torch", "hypothesis", "mini_vllm", "transformers", "tokenizers")
@@ -92,6 +108,8 @@ class LabReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     generated: int = 0  # generated mode: compiled mutants before any cap
     baseline_seconds: float = 0.0
+    fingerprint: str = ""
+    from_ledger: bool = False  # verdicts taken from mutants/ledger.json (a sample re-graded)
 
     def count(self, verdict: str) -> int:
         return sum(m.verdict == verdict for m in self.mutants)
@@ -121,6 +139,7 @@ class LabReport:
             ],
             "results": [dataclasses.asdict(m) for m in self.mutants],
             "baseline_seconds": round(self.baseline_seconds, 2),
+            "from_ledger": self.from_ledger,
         }
         if self.mode == "generated":
             data["generated"] = self.generated
@@ -457,6 +476,111 @@ def read_equivalent(lab: pathlib.Path, root: pathlib.Path) -> dict[str, str]:
             raise CourseError(f"{label} line {number}: expected '<mutant id>  # <reason>'")
         entries[mid.strip()] = reason.strip()
     return entries
+
+
+# ---------------------------------------------------------------------------
+# The ledger: verdicts of the last full run, under a fingerprint of what they depend on
+# ---------------------------------------------------------------------------
+
+
+def _grader_source() -> str:
+    """The code whose change changes a verdict: the generator, the diff reader, the grading."""
+    parts = [_Generator, generate_mutants, apply_diff, _child, classify, _timeout_for,
+             labs_mod.learner_functions]
+    return "\n".join(inspect.getsource(obj) for obj in parts)
+
+
+def _module_file(root: pathlib.Path, dotted: str) -> pathlib.Path | None:
+    base = root.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _repo_imports(lab: pathlib.Path, root: pathlib.Path) -> set[pathlib.Path]:
+    """Repository modules that the lab's own Python files import by name (not transitively)."""
+    found: set[pathlib.Path] = set()
+    for path in lab.glob("*.py"):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            dotted: list[str] = []
+            if isinstance(node, ast.Import):
+                dotted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from pkg import name`: name may be a submodule or an attribute
+                dotted = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in dotted:
+                if name.split(".")[0] in REPO_PACKAGES:
+                    module = _module_file(root, name)
+                    if module is not None:
+                        found.add(module)
+    if found & {p for p in root.joinpath("course").glob("*.py")}:
+        found.update((root / "course" / "__init__.py", root / "course" / "loader.py"))
+    return {p for p in found if p.is_file()}
+
+
+def fingerprint(lab: pathlib.Path, root: pathlib.Path, mode: str, max_generated: int) -> str:
+    """SHA-256 of everything a lab's verdicts depend on that this repository holds."""
+    files: set[pathlib.Path] = set()
+    for path in lab.rglob("*"):
+        rel = path.relative_to(lab)
+        if not path.is_file() or path.suffix == ".md":
+            continue
+        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+            continue
+        if rel.as_posix() == f"mutants/{LEDGER_FILE}":
+            continue
+        files.add(path)
+    folder = lab
+    while True:
+        if (folder / "conftest.py").is_file():
+            files.add(folder / "conftest.py")
+        if folder == root or folder == folder.parent:
+            break
+        folder = folder.parent
+    files |= _repo_imports(lab, root)
+    digest = hashlib.sha256()
+    header = f"ledger {LEDGER_FORMAT} {mode} {max_generated if mode == 'generated' else ''}"
+    digest.update(header.encode() + b"\0")
+    digest.update(hashlib.sha256(_grader_source().encode()).digest())
+    for path in sorted(files, key=lambda p: _rel(p, root)):
+        digest.update(_rel(path, root).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def read_ledger(lab: pathlib.Path) -> dict:
+    path = lab / "mutants" / LEDGER_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise CourseError(f"{path}: not JSON ({exc}); delete it or run --update-ledger") from exc
+    return data if isinstance(data, dict) and data.get("format") == LEDGER_FORMAT else {}
+
+
+def write_ledger(lab: pathlib.Path, report: LabReport) -> None:
+    path = lab / "mutants" / LEDGER_FILE
+    data = read_ledger(lab) or {"format": LEDGER_FORMAT}
+    data[report.mode] = {
+        "fingerprint": report.fingerprint,
+        "verdicts": {m.name: m.verdict for m in report.mutants if m.verdict != "equivalent"},
+    }
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def spot_sample(report: LabReport, pending: list[int]) -> list[int]:
+    """The mutants a --ledger run re-grades: seeded by the fingerprint, so CI repeats itself."""
+    k = SPOT_CHECK[report.mode]
+    if len(pending) <= k:
+        return list(pending)
+    return sorted(random.Random(report.fingerprint).sample(pending, k))
 
 
 # ---------------------------------------------------------------------------
@@ -864,11 +988,41 @@ def collect(root: pathlib.Path, labs: list[pathlib.Path], generated: bool, max_g
     return reports, sources
 
 
+def use_ledger(lab: pathlib.Path, report: LabReport, found: list[tuple[MutantResult, str]]
+               ) -> dict[str, str] | None:
+    """The ledger's verdicts when its fingerprint and mutant names still match, else None.
+
+    On a match every pending mutant takes its recorded verdict except a seeded sample, which
+    stays pending to be graded again and compared.
+    """
+    entry = read_ledger(lab).get(report.mode)
+    pending = [j for j, (shell, _) in enumerate(found) if shell.verdict == "pending"]
+    if not entry or entry.get("fingerprint") != report.fingerprint:
+        return None
+    recorded: dict[str, str] = entry.get("verdicts", {})
+    if set(recorded) != {found[j][0].name for j in pending}:
+        return None
+    sample = set(spot_sample(report, pending))
+    for j in pending:
+        if j not in sample:
+            shell = found[j][0]
+            shell.verdict, shell.detail = recorded[shell.name], "from the ledger"
+    report.from_ledger = True
+    return recorded
+
+
 def run_all(root: pathlib.Path, labs: list[pathlib.Path], *, generated: bool = False,
             jobs: int = DEFAULT_JOBS, timeout: float | None = None,
-            max_generated: int = DEFAULT_MAX_GENERATED, progress: bool = False
-            ) -> list[LabReport]:
+            max_generated: int = DEFAULT_MAX_GENERATED, progress: bool = False,
+            ledger: bool = False) -> list[LabReport]:
     reports, sources = collect(root, labs, generated, max_generated)
+    recorded: dict[int, dict[str, str]] = {}
+    for i, lab in enumerate(labs):
+        reports[i].fingerprint = fingerprint(lab, root, reports[i].mode, max_generated)
+        if ledger and sources[i] and not reports[i].problems:
+            verdicts = use_ledger(lab, reports[i], sources[i])
+            if verdicts is not None:
+                recorded[i] = verdicts
     preload = sorted(set().union(*[_lab_imports(lab) for lab in labs])) if labs else []
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="course-mutants-"))
     total = sum(1 for found in sources for shell, _ in found if shell.verdict == "pending")
@@ -916,12 +1070,27 @@ def run_all(root: pathlib.Path, labs: list[pathlib.Path], *, generated: bool = F
         shutil.rmtree(tmp, ignore_errors=True)
         if progress and total:
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
-    for (i, j), result in results.items():
+    for (i, j), result in sorted(results.items()):
         shell = sources[i][j][0]
         shell.verdict, shell.detail = classify(result)
         shell.seconds = result["seconds"]
-        if not generated and shell.verdict == "broken":
-            reports[i].problems.append(f"mutants/{shell.name} is broken: {shell.detail}")
+        if i in recorded and recorded[i][shell.name] != shell.verdict:
+            reports[i].problems.append(
+                f"the ledger disagrees: {shell.name} was {recorded[i][shell.name]} in "
+                f"mutants/{LEDGER_FILE}, {shell.verdict} now; grade the lab in full "
+                "(--update-ledger)"
+            )
+    for i, report in enumerate(reports):
+        if i in recorded:
+            checked = sum(1 for (li, _j) in results if li == i)
+            report.notes.append(
+                f"verdicts from mutants/{LEDGER_FILE} (fingerprint {report.fingerprint[:12]}); "
+                f"{checked} re-graded as a spot check"
+            )
+        if not generated:
+            for shell in report.mutants:
+                if shell.verdict == "broken":
+                    report.problems.append(f"mutants/{shell.name} is broken: {shell.detail}")
     return reports
 
 
@@ -970,7 +1139,8 @@ def failed(r: LabReport, generated: bool, threshold: float, min_mutants: int) ->
 def main(root: pathlib.Path, lab_args: list[str], *, generated: bool = False,
          jobs: int = DEFAULT_JOBS, threshold: float = DEFAULT_THRESHOLD,
          json_path: str | None = None, min_mutants: int = DEFAULT_MIN_MUTANTS,
-         max_generated: int = DEFAULT_MAX_GENERATED, timeout: float | None = None) -> int:
+         max_generated: int = DEFAULT_MAX_GENERATED, timeout: float | None = None,
+         ledger: bool = False, update_ledger: bool = False) -> int:
     if jobs < 1:
         raise CourseError(f"-j {jobs}: must be at least 1")
     if not 0 <= threshold <= 100:
@@ -986,15 +1156,25 @@ def main(root: pathlib.Path, lab_args: list[str], *, generated: bool = False,
         return 0
     started = time.monotonic()
     reports = run_all(root, labs, generated=generated, jobs=jobs, timeout=timeout,
-                      max_generated=max_generated, progress=sys.stderr.isatty())
+                      max_generated=max_generated, progress=sys.stderr.isatty(),
+                      ledger=ledger)
     elapsed = time.monotonic() - started
+    if update_ledger:
+        for lab, report in zip(labs, reports):
+            if not report.from_ledger and report.mutants and not any(
+                    "do not pass on solution.py" in p for p in report.problems):
+                write_ledger(lab, report)
     for line in format_table(reports, generated, threshold, min_mutants):
         print(line)
     bad = [r for r in reports if failed(r, generated, threshold, min_mutants)]
     ran = sum(1 for r in reports for m in r.mutants if m.verdict not in ("equivalent", "not run"))
     what = "generated" if generated else "hand-written"
+    reused = [r for r in reports if r.from_ledger]
     print(f"\n{len(reports)} labs, {ran} {what} mutants graded in {elapsed:.1f} s on "
           f"{jobs} worker(s); {len(bad)} lab(s) failing")
+    if ledger:
+        print(f"ledger: {len(reused)} lab(s) taken from mutants/{LEDGER_FILE} with a spot check, "
+              f"{len(reports) - len(reused)} graded in full")
     if json_path:
         data = {
             "mode": "generated" if generated else "hand",
@@ -1025,4 +1205,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="seconds per mutant (default: 4 x the solution's run + 10, >= 20)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--ledger", action="store_true",
+                        help=f"take a lab's verdicts from mutants/{LEDGER_FILE} when its "
+                        "fingerprint matches, re-grading a seeded sample (what CI runs)")
+    parser.add_argument("--update-ledger", action="store_true",
+                        help=f"write mutants/{LEDGER_FILE} for every lab graded in full")
 

@@ -353,3 +353,76 @@ def test_a_diff_that_does_not_apply_is_bad_input_naming_it(lab_tree, capsys):
     assert cli(["mutants", "--root", str(root)]) == 2
     err = capsys.readouterr().err
     assert f"{LAB}/mutants/07-stale.diff" in err and "does not apply" in err
+
+
+# ---------------------------------------------------------------------------
+# the ledger (what CI reuses)
+# ---------------------------------------------------------------------------
+
+
+def test_the_fingerprint_follows_code_and_tests_but_not_prose(lab_tree):
+    root = lab_tree({"01-killed.diff": KILLED})
+    lab = root / LAB
+    fp = mutants.fingerprint(lab, root, "hand", 400)
+    assert fp == mutants.fingerprint(lab, root, "hand", 400)  # no clock, no path outside root
+    assert fp != mutants.fingerprint(lab, root, "generated", 400)
+    (lab / "README.md").write_text("# reworded\n")
+    (lab / "mutants" / mutants.LEDGER_FILE).write_text("{}\n")
+    assert mutants.fingerprint(lab, root, "hand", 400) == fp
+    (lab / "test_lab.py").write_text(TESTS + "\n# one more line\n")
+    assert mutants.fingerprint(lab, root, "hand", 400) != fp
+    fp = mutants.fingerprint(lab, root, "hand", 400)
+    (root / "conftest.py").write_text("# a conftest above the lab\n")
+    assert mutants.fingerprint(lab, root, "hand", 400) != fp
+    fp = mutants.fingerprint(lab, root, "hand", 400)
+    (root / "mini_vllm").mkdir()
+    (root / "mini_vllm" / "__init__.py").write_text("")
+    (root / "mini_vllm" / "thing.py").write_text("X = 1\n")
+    (lab / "helper.py").write_text("from mini_vllm.thing import X\n")
+    with_import = mutants.fingerprint(lab, root, "hand", 400)
+    assert with_import != fp
+    (root / "mini_vllm" / "thing.py").write_text("X = 2\n")  # an imported module changed
+    assert mutants.fingerprint(lab, root, "hand", 400) != with_import
+
+
+def test_update_ledger_then_ledger_reuses_it_and_a_wrong_record_is_caught(lab_tree, capsys):
+    root = lab_tree({"01-killed.diff": KILLED, "02-survivor.diff": SURVIVOR})
+    ledger = root / LAB / "mutants" / mutants.LEDGER_FILE
+    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger"]) == 1
+    assert "0 lab(s) taken from mutants/ledger.json" in capsys.readouterr().out
+    assert not ledger.exists()  # --ledger alone never writes
+    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--update-ledger"]) == 1
+    capsys.readouterr()
+    data = json.loads(ledger.read_text())
+    assert data["hand"]["verdicts"] == {"01-killed.diff": "killed", "02-survivor.diff": "survived"}
+    assert data["hand"]["fingerprint"] == mutants.fingerprint(root / LAB, root, "hand", 400)
+    # reused: the same verdicts, so the survivor still fails the run
+    out_json = root / "r.json"
+    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger",
+                "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    assert "1 lab(s) taken from mutants/ledger.json" in out
+    assert "survived  02-survivor.diff" in out
+    lab = json.loads(out_json.read_text())["labs"][0]
+    assert lab["from_ledger"] and (lab["killed"], lab["survived"]) == (1, 1)
+    # a record that does not match a re-graded mutant is a problem, not a pass
+    data["hand"]["verdicts"]["02-survivor.diff"] = "killed"
+    ledger.write_text(json.dumps(data))
+    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger"]) == 1
+    out = capsys.readouterr().out
+    assert "the ledger disagrees: 02-survivor.diff was killed" in out
+    # a changed test file makes the record stale: graded in full again
+    (root / LAB / "test_lab.py").write_text(TESTS + "\n")
+    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger"]) == 1
+    assert "0 lab(s) taken from mutants/ledger.json" in capsys.readouterr().out
+
+
+def test_the_spot_check_is_a_seeded_sample_of_the_pending_mutants():
+    report = mutants.LabReport(LAB, "generated", fingerprint="ab" * 32)
+    pending = list(range(50))
+    sample = mutants.spot_sample(report, pending)
+    assert len(sample) == mutants.SPOT_CHECK["generated"] and set(sample) <= set(pending)
+    assert sample == mutants.spot_sample(report, pending)
+    other = mutants.LabReport(LAB, "generated", fingerprint="cd" * 32)
+    assert mutants.spot_sample(other, pending) != sample
+    assert mutants.spot_sample(report, [3, 4]) == [3, 4]
