@@ -171,7 +171,15 @@ def test_moe_models_refuse_what_they_cannot_do():
     assert all(s.expert_loads == () for s in engine.stats)  # a dense model reports no loads
 
 
-def test_mixtral_checkpoint_matches_transformers(tmp_path):
+@pytest.mark.parametrize(
+    "num_experts,top_k,hidden,inter,heads,kv_heads",
+    [(4, 2, 32, 40, 4, 2),  # Mixtral's shape in small: top-2
+     (3, 1, 24, 37, 2, 1),  # top-1 (Switch-style), an odd expert count and intermediate size
+     (8, 3, 48, 20, 4, 4)],  # eight experts, top-3, intermediate narrower than hidden
+    ids=["E4-top2", "E3-top1-odd", "E8-top3"],
+)
+def test_mixtral_checkpoint_matches_transformers(tmp_path, num_experts, top_k, hidden, inter,
+                                                 heads, kv_heads):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from mini_vllm.models.config import ModelConfig
@@ -179,10 +187,11 @@ def test_mixtral_checkpoint_matches_transformers(tmp_path):
     from mini_vllm.models.runner import greedy_generate
 
     cfg = transformers.MixtralConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-        num_experts_per_tok=2, max_position_embeddings=256, eos_token_id=96,
-        attn_implementation="eager")
+        vocab_size=97, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, num_local_experts=num_experts,
+        num_experts_per_tok=top_k, max_position_embeddings=256, eos_token_id=96,
+        attn_implementation="eager", experts_implementation="eager")  # a plain loop over experts:
+    # torch's grouped GEMM path wants 16-byte strides, which an odd intermediate size breaks
     torch.manual_seed(0)
     hf = transformers.MixtralForCausalLM(cfg).float().eval()
     gen = torch.Generator().manual_seed(0)
@@ -193,7 +202,8 @@ def test_mixtral_checkpoint_matches_transformers(tmp_path):
                     noise if "embed_tokens" in name else noise / p.shape[-1] ** 0.5)
     hf.save_pretrained(tmp_path, safe_serialization=True)  # per-expert w1/w2/w3 names
     ours = get_model(str(tmp_path))
-    assert ours.config.architecture == "mixtral" and ours.config.num_experts_per_tok == 2
+    assert ours.config.architecture == "mixtral" and ours.config.num_experts_per_tok == top_k
+    assert ours.config.num_local_experts == num_experts
     # the fused in-memory names (mlp.experts.gate_up_proj ...) load to the same weights
     fused = load_weights(ModelConfig.from_hf(tmp_path),
                          {k: v.detach().numpy() for k, v in hf.state_dict().items()})

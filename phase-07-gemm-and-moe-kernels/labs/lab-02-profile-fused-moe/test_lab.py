@@ -311,9 +311,11 @@ def test_launcher_rejects_what_the_kernel_cannot_run():
 def test_launcher_without_triton_says_so(monkeypatch):
     # runs with or without triton installed: the launcher must refuse before touching torch
     monkeypatch.setattr(impl, "triton", None)
-    with pytest.raises(RuntimeError, match="triton") as err:
+    with pytest.raises(RuntimeError) as err:
         impl.invoke_fused_moe_kernel(None, None, None, None, None, None, 0, 1, False)
-    assert type(err.value) is RuntimeError  # NotImplementedError is a RuntimeError too
+    if isinstance(err.value, NotImplementedError):  # a RuntimeError too: the starter's, unwritten
+        raise err.value
+    assert type(err.value) is RuntimeError and "triton" in str(err.value)
 
 
 # ---------------------------------------------------------------- the trace parser

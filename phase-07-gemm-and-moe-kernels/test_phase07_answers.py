@@ -168,7 +168,7 @@ def test_item5_capacity_drops():
     assert drops(16) == 62 and drops(32) == 32 and drops(20) == 54 and drops(64) == 0
     assert capacity(4.0, 64, 2, 8) == 64
     assert 64 - 16 == 48                      # the most expert 0 can ever drop here
-    assert round(0.6 * 128) == 77 and 77 > 64  # the seed's "60% of 128" needs 77 > T
+    assert round(0.6 * 128) == 77 and 77 > 64  # the older material's "60% of 128" needs 77 > T
     assert 77 - 16 == 61                       # and even then it would drop 61, not 68
     assert loads.max() / loads.mean() == 4.0
 
@@ -284,6 +284,18 @@ def moe_reference(x, experts, ids, w):
 
 
 def test_item12_shared_expert():
+    from mini_vllm.models.moe import FusedMoE
+    from mini_vllm.models.moe import expert_mlp as fused_mlp
+
+    class SharedExpertMoE(FusedMoE):  # the answer's class, as printed
+        def __init__(self, router, w13, w2, top_k, shared, **kwargs):
+            super().__init__(router, w13, w2, top_k, **kwargs)
+            self.shared_w13, self.shared_w2 = shared
+
+        def __call__(self, x):
+            routed = super().__call__(x)
+            return routed + fused_mlp(x, self.shared_w13, self.shared_w2)
+
     rng = np.random.default_rng(7)
     T, H, inter, E, k = 5, 8, 12, 4, 2
 
@@ -297,11 +309,16 @@ def test_item12_shared_expert():
     w, ids = route(x @ gate.T, k)
     routed = moe_grouped(x, experts, ids, w)
     np.testing.assert_allclose(routed, moe_reference(x, experts, ids, w), rtol=1e-10, atol=1e-12)
-    out = routed + expert_mlp(x, *shared)
     ref = moe_reference(x, experts, ids, w) + expert_mlp(x, *shared)
-    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-12)
+    # the same weights in mini_vllm's layout: w13 = [w1; w3] (gate rows first), w2 as is
+    w13 = np.stack([np.concatenate([w1, w3]) for w1, _w2, w3 in experts])
+    w2 = np.stack([w2_ for _w1, w2_, _w3 in experts])
+    layer = SharedExpertMoE(gate.T.copy(), w13, w2, k,
+                            (np.concatenate([shared[0], shared[2]]), shared[1]), block_size=4)
+    np.testing.assert_allclose(layer(x), ref, rtol=1e-6, atol=1e-6)  # mini_vllm routes in float32
     # the shared expert is dense: it must not touch the routing or the loads
-    assert np.bincount(ids.ravel(), minlength=E).sum() == T * k
+    assert layer.last_expert_loads.sum() == T * k
+    assert np.bincount(ids.ravel(), minlength=E).tolist() == layer.last_expert_loads.tolist()
     # parameters and FLOPs per token added by a shared expert of intermediate 2I
     assert 3 * H * 2 * inter == 576 and 2 * 3 * H * 2 * inter == 1152
     # DeepSeek-V3: one shared expert of moe_intermediate 2048 = the size of one routed expert

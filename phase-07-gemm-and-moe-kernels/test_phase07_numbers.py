@@ -223,7 +223,7 @@ def test_guide_s11_imbalance_and_drops():
     capacity = math.floor(1.0 * 64 * 2 / 8)
     assert capacity == 16
     assert sum(max(0, x - capacity) for x in loads) == 62
-    assert round(0.6 * 128) == 77 > 64                   # the seed's impossible batch
+    assert round(0.6 * 128) == 77 > 64                   # older course material's impossible batch
     assert 35 / 32 == 1.09375                           # EPLB's [35, 33, 30, 30]
     assert sum([35, 33, 30, 30]) == 128
 
