@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help='the format\'s options, e.g. \'{"group_size": 64}\' for int4')
     gen.add_argument("--kv-cache-dtype", choices=("auto", "fp8", "fp8_e4m3"), default="auto",
                      help="K/V storage: auto (the model's float32) or fp8 (E4M3) (auto)")
+    gen.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
+                     help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+                          '"prompt_lookup_max": 3}\' (off)')
     gen.add_argument("--max-tokens", type=_int_at_least(1), default=16, help="tokens to generate (16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (0)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off (0)")
@@ -156,7 +159,8 @@ def chat_prompts(llm: LLM, prompts: list[str], model: str) -> list[str]:
 
 
 def _json_object(text: str) -> dict:
-    """--compilation-config and --quantization-config: a JSON object, else a clear one-line error."""
+    """--compilation-config, --quantization-config, --speculative-config: a JSON object, else a
+    clear one-line error."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -175,7 +179,7 @@ def run_generate(args: argparse.Namespace) -> None:
         model_backend=args.backend, attention_backend=args.attention_backend,
         compilation_config=args.compilation_config, enforce_eager=args.enforce_eager,
         quantization=args.quantization, quantization_config=args.quantization_config,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=args.kv_cache_dtype, speculative_config=args.speculative_config,
     )
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -185,6 +189,8 @@ def run_generate(args: argparse.Namespace) -> None:
     outputs = llm.generate(prompts, params)
     if not args.quiet:
         print_trace(llm.llm_engine)
+    if llm.llm_engine.spec_decoding_stats is not None:
+        print(llm.llm_engine.spec_decoding_stats.log_line())
     for user_text, out in zip(args.prompts, outputs, strict=True):
         c, m = out.outputs[0], out.metrics
         shown = f"chat template + {user_text!r}" if args.chat else repr(out.prompt)

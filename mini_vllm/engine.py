@@ -21,6 +21,7 @@ upstream: vllm/entrypoints/llm.py:66 LLM
 upstream: vllm/outputs.py:85 RequestOutput
 upstream: vllm/v1/engine/input_processor.py:396 max_prompt_len
 upstream: vllm/v1/core/sched/utils.py:94 check_stop
+upstream: vllm/v1/core/sched/scheduler.py:1691 update_draft_token_ids
 """
 from __future__ import annotations
 
@@ -31,11 +32,18 @@ import numpy as np
 
 from mini_vllm.kv_cache import KVCacheManager
 from mini_vllm.model import ToyModel
-from mini_vllm.model_runner import prepare_inputs
+from mini_vllm.model_runner import prepare_inputs, spec_decode_metadata
 from mini_vllm.request import Request, RequestMetrics, RequestStatus
 from mini_vllm.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.scheduler import Scheduler
+from mini_vllm.spec_decode import (
+    DraftModelProposer,
+    NgramProposer,
+    RejectionSampler,
+    SpecDecodingStats,
+    SpeculativeConfig,
+)
 
 Prompt = str | dict
 
@@ -59,6 +67,7 @@ class StepStats:
     padded_tokens: int = 0  # rows added to reach a CUDA-graph capture size (0: not padded)
     cudagraph_mode: str = "NONE"  # the step's runtime mode: NONE or PIECEWISE
     expert_loads: tuple[tuple[int, ...], ...] = ()  # MoE: slots per expert, one row per layer
+    spec_decoding: SpecDecodingStats | None = None  # drafts verified this step (None: spec off)
 
 
 _MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
@@ -96,6 +105,16 @@ class LLMEngine:
     ``kv_cache_dtype="fp8"`` stores K/V as FP8 E4M3; ``"auto"`` keeps the
     model's float32. Both are off by default, and off is the old path exactly.
 
+    ``speculative_config`` (``None``, off by default, or vLLM's dict
+    ``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min":
+    a, "prompt_lookup_max": b}``) drafts up to k tokens per decoding request
+    by prompt lookup and verifies them in one pass (``mini_vllm.spec_decode``);
+    ``{"method": "draft_model", "model": "tiny-random", ...}`` drafts them
+    greedily with a second model of the same vocabulary instead;
+    greedy output is unchanged, sampled output keeps its distribution.
+    Drafts never run past ``max_tokens``. ``spec_decoding_stats`` sums the
+    steps' ``StepStats.spec_decoding``.
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -119,6 +138,7 @@ class LLMEngine:
         quantization: str | None = None,
         quantization_config: dict | None = None,
         kv_cache_dtype: str = "auto",
+        speculative_config: dict | SpeculativeConfig | None = None,
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -130,6 +150,7 @@ class LLMEngine:
         _positive_int("seed", seed, 0)
         if max_model_len is not None:
             _positive_int("max_model_len", max_model_len, 2)
+        self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         from mini_vllm.quantization import make_quant_config
 
         quant_config = make_quant_config(quantization, quantization_config)
@@ -170,11 +191,31 @@ class LLMEngine:
         self.compilation_config = self._configure_compilation(compilation_config, enforce_eager,
                                                               max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
+        self.drafter = self.rejection_sampler = self.spec_decoding_stats = None
+        if (spec := self.speculative_config) is not None:
+            self.drafter = self._make_drafter(spec, seed, block_size)
+            self.rejection_sampler = RejectionSampler(self.sampler)
+            self.spec_decoding_stats = SpecDecodingStats.new(spec.num_speculative_tokens)
         self.seed = seed
         self.stats: list[StepStats] = []
         self.num_steps = 0
         self._num_added = 0
         self._generators: dict[str, np.random.Generator] = {}
+
+    def _make_drafter(self, spec: SpeculativeConfig, seed: int, block_size: int):
+        if spec.method == "ngram":
+            return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max,
+                                 spec.num_speculative_tokens, self.max_model_len)
+        if spec.model == "toy":
+            draft = ToyModel(seed=seed)
+        else:
+            from mini_vllm.models import get_model
+
+            draft = get_model(spec.model, seed=seed)
+        if draft.vocab_size != self.model.vocab_size:
+            raise ValueError(f"model: the draft model's vocab_size ({draft.vocab_size}) must equal "
+                             f"the target's ({self.model.vocab_size})")
+        return DraftModelProposer(draft, spec.num_speculative_tokens, self.max_model_len, block_size)
 
     def _init_kv_cache(self, num_blocks: int, block_size: int, kv_cache_dtype: str) -> str:
         if kv_cache_dtype == "auto":  # the model interface's plain call, as before
@@ -291,8 +332,9 @@ class LLMEngine:
         if out.total_num_scheduled_tokens == 0 and self.scheduler.has_unfinished_requests():
             raise RuntimeError("the scheduler scheduled nothing while requests wait: this is a bug")
 
-        sampled: dict[str, int] = {}
+        sampled: dict[str, int | list[int]] = {}
         num_decode = kv_rows_read = padded = 0
+        spec_stats = None
         graph_mode = "NONE"
         expert_loads = ()
         backend = getattr(self.model, "attn_backend", None)
@@ -308,14 +350,31 @@ class LLMEngine:
             if loads is not None:
                 expert_loads = tuple(tuple(row) for row in loads.tolist())
             graph_mode = getattr(getattr(self.model, "last_cudagraph_mode", None), "name", "NONE")
+            meta = spec_decode_metadata(out)
+            if meta is not None:
+                spec_stats = SpecDecodingStats.new(self.speculative_config.num_speculative_tokens)
             for row, req in enumerate(reqs):
                 n = out.num_scheduled_tokens[req.request_id]
-                if n == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
-                    num_decode += 1
-                if Scheduler.needs_sample(req, n):
-                    gen = self._generators[req.request_id]
-                    sampled[req.request_id] = self.sampler.sample(logits[row], req.sampling_params, gen)
+                if req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
+                    num_decode += n  # one token, plus its drafts
+                if not Scheduler.needs_sample(req, n):
+                    continue
+                gen = self._generators[req.request_id]
+                drafts = out.scheduled_spec_decode_tokens.get(req.request_id)
+                if not drafts:
+                    last = row if meta is None else meta.bonus_logits_indices[row]
+                    sampled[req.request_id] = self.sampler.sample(logits[last], req.sampling_params, gen)
+                    continue
+                bonus = meta.bonus_logits_indices[row]
+                tokens = self.rejection_sampler(drafts, logits[bonus - len(drafts): bonus + 1],
+                                                req.sampling_params, gen)
+                spec_stats.observe_draft(len(drafts), len(tokens) - 1)
+                sampled[req.request_id] = tokens
         finished = self.scheduler.update_from_output(out, sampled)
+        if self.drafter is not None:
+            self._propose_drafts(out, sampled)
+        if spec_stats is not None:
+            self.spec_decoding_stats.add(spec_stats)
 
         for req in out.scheduled_requests:
             if req.request_id in sampled:
@@ -340,8 +399,20 @@ class LLMEngine:
             padded_tokens=padded,
             cudagraph_mode=graph_mode,
             expert_loads=expert_loads,
+            spec_decoding=spec_stats,
         ))
         return finished
+
+    def _propose_drafts(self, out, sampled: dict) -> None:
+        """Draft the next step's tokens for every request that just sampled, capped so
+        that drafts plus the bonus token never pass ``max_tokens``.
+
+        upstream: vllm/v1/spec_decode/ngram_proposer.py:131 propose
+        """
+        for req in out.scheduled_requests:
+            room = req.max_tokens - req.num_output_tokens - 1
+            if req.request_id in sampled and not req.is_finished() and room > 0:
+                req.spec_token_ids = self.drafter.propose(req.all_token_ids, room)
 
     def _finish(self, request: Request) -> None:
         request.metrics.finished_step = self.num_steps

@@ -7,6 +7,7 @@ of vLLM's GPU model runner that does not touch a GPU.
 
 upstream: vllm/v1/worker/gpu_model_runner.py:1863 GPUModelRunner._prepare_inputs
 upstream: vllm/v1/attention/backend.py:353 CommonAttentionMetadata
+upstream: vllm/v1/worker/gpu_model_runner.py:2713 _calc_spec_decode_metadata
 """
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ import numpy as np
 from mini_vllm.kv_cache import KVCacheManager
 from mini_vllm.model_input import ModelInput
 from mini_vllm.scheduler import SchedulerOutput
+from mini_vllm.spec_decode.metadata import SpecDecodeMetadata, calc_spec_decode_metadata
+
+
+def spec_decode_metadata(scheduler_output: SchedulerOutput) -> SpecDecodeMetadata | None:
+    """The logits rows of a step with scheduled drafts; None when it has none."""
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    if not spec:
+        return None
+    reqs = scheduler_output.scheduled_requests
+    counts = [scheduler_output.num_scheduled_tokens[r.request_id] for r in reqs]
+    return calc_spec_decode_metadata([len(spec.get(r.request_id, ())) for r in reqs], np.cumsum(counts))
 
 
 def prepare_inputs(scheduler_output: SchedulerOutput, kv_cache_manager: KVCacheManager) -> ModelInput:
@@ -24,6 +36,8 @@ def prepare_inputs(scheduler_output: SchedulerOutput, kv_cache_manager: KVCacheM
     at its current ``num_computed_tokens``. ``logits_indices`` holds the last
     row of *every* request; the engine samples only the rows whose request
     finished its prefill (``Scheduler.needs_sample``) and drops the rest.
+    A request with scheduled drafts runs them after its last token and gets a
+    logits row for each of them too (``spec_decode_metadata``).
     """
     bs = kv_cache_manager.block_size
     reqs = scheduler_output.scheduled_requests
@@ -31,8 +45,10 @@ def prepare_inputs(scheduler_output: SchedulerOutput, kv_cache_manager: KVCacheM
         [scheduler_output.num_scheduled_tokens[r.request_id] for r in reqs], dtype=np.int64
     )
     starts = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
+    spec = scheduler_output.scheduled_spec_decode_tokens  # drafts follow the request's last token
     token_ids = np.fromiter(
-        (t for r, s, n in zip(reqs, starts, counts, strict=True) for t in r.all_token_ids[s : s + n]),
+        (t for r, s, n in zip(reqs, starts, counts, strict=True)
+         for t in r.all_token_ids[s : s + n] + spec.get(r.request_id, [])),
         dtype=np.int64,
         count=int(counts.sum()),
     )
@@ -52,6 +68,7 @@ def prepare_inputs(scheduler_output: SchedulerOutput, kv_cache_manager: KVCacheM
         seq_lens=starts + counts,
         block_tables=block_tables,
         slot_mapping=slot_mapping,
-        logits_indices=query_start_loc[1:] - 1,
+        logits_indices=(spec_decode_metadata(scheduler_output).logits_indices if spec
+                        else query_start_loc[1:] - 1),
         block_size=bs,
     )

@@ -110,6 +110,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        # Draft tokens proposed for the next step (speculative decoding); never
+        # part of all_token_ids: the scheduler moves them into its output.
+        self.spec_token_ids: list[int] = []
         # Chained hashes of the full blocks of all_token_ids; KVCacheManager
         # extends this list as blocks fill (upstream: Request.update_block_hashes).
         self.block_hashes: list[bytes] = []
@@ -121,6 +124,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """upstream: vllm/v1/request.py:243 num_tokens_with_spec"""
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -33,24 +33,33 @@ changes which tokens a request produces):
   upstream would keep waiting, and preempt later. ``LLMEngine.add_request``
   guarantees every request fits the pool alone, so preemption always
   resolves it.
-* No ``max_model_len - 1 - num_computed_tokens`` clamp on a running request's
-  tokens. Upstream needs it for speculative tokens; here it can never bind,
-  because ``LLMEngine.add_request`` rejects prompt + ``max_tokens`` above
-  ``max_model_len``, so a running request never holds more than
-  ``max_model_len - 1`` tokens.
 * FCFS only (no priority policy); chunked prefill is always on (no
-  ``enable_chunked_prefill=False`` mode); no speculative decoding, encoder
-  inputs, LoRA, KV connectors or pausing.
+  ``enable_chunked_prefill=False`` mode); no encoder inputs, LoRA, KV
+  connectors or pausing.
 * ``SchedulerOutput`` carries the ``Request`` objects themselves, not
   upstream's ``NewRequestData`` / ``CachedRequestData`` copies meant for a
   worker process; ``preempted_req_ids`` is a list in preemption order, not a set.
-* ``update_from_output`` takes ``{request_id: token}`` instead of a
-  ``ModelRunnerOutput`` and returns the finished requests.
+* ``update_from_output`` takes ``{request_id: token}`` (a list of tokens
+  after a speculative step) instead of a ``ModelRunnerOutput`` and returns
+  the finished requests.
+
+Speculative decoding (upstream's scheme, synchronous): a running request
+schedules ``num_tokens_with_spec - num_computed_tokens`` tokens, its last token
+plus the drafts in ``request.spec_token_ids``, cut by the budget and by
+``max_model_len - 1 - num_computed_tokens``; the drafts that fit move to
+``SchedulerOutput.scheduled_spec_decode_tokens`` and the request's list is
+emptied (the engine proposes new ones after the step). ``update_from_output``
+then takes a list of tokens per request, rolls ``num_computed_tokens`` back by
+the rejected count (the rejected slots' KV is overwritten next step; no block
+is freed) and runs the stop checks token by token, dropping what follows a
+stop. ``num_lookahead_tokens`` is 0: upstream's too for n-gram (the draft-model
+proposer here keeps no KV of its own, so it needs none either).
 
 upstream: vllm/v1/core/sched/scheduler.py:329 Scheduler.schedule
 upstream: vllm/v1/core/sched/scheduler.py:396-398 max_model_len
 upstream: vllm/v1/core/sched/scheduler.py:721-731 full_sequence_must_fit
 upstream: vllm/v1/core/sched/output.py:181 SchedulerOutput
+upstream: vllm/v1/core/sched/scheduler.py:218 num_lookahead_tokens
 """
 from __future__ import annotations
 
@@ -79,6 +88,8 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     finished_req_ids: set[str] = field(default_factory=set)
     num_cached_tokens: dict[str, int] = field(default_factory=dict)
+    # Draft tokens scheduled after each request's last token (speculative decoding only).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def scheduled_requests(self) -> list[Request]:
@@ -134,8 +145,9 @@ class Scheduler:
     @staticmethod
     def needs_sample(request: Request, num_scheduled_tokens: int) -> bool:
         """True when this step computes the request's last known token: its logits
-        give the next token. A mid-prefill chunk samples nothing."""
-        return request.num_computed_tokens + num_scheduled_tokens == request.num_tokens
+        give the next token. A mid-prefill chunk samples nothing. (Scheduled draft
+        tokens come after the last known token, hence ``>=``.)"""
+        return request.num_computed_tokens + num_scheduled_tokens >= request.num_tokens
 
     def schedule(self) -> SchedulerOutput:
         kv = self.kv_cache_manager
@@ -148,8 +160,11 @@ class Scheduler:
         while token_budget > 0 and i < len(self.running):
             request = self.running[i]
             num_new = self._clamp_new_tokens(
-                request.num_tokens - request.num_computed_tokens, token_budget
+                request.num_tokens_with_spec - request.num_computed_tokens, token_budget
             )
+            if self.max_model_len is not None:
+                # Binds only on drafts (upstream: vllm/v1/core/sched/scheduler.py:396-398 max_model_len).
+                num_new = min(num_new, self.max_model_len - 1 - request.num_computed_tokens)
             while (new_blocks := kv.allocate_slots(request, num_new)) is None:
                 victim = self.running.pop()  # FCFS: the most recently admitted
                 self._preempt_request(victim)
@@ -160,6 +175,12 @@ class Scheduler:
                 break
             out.scheduled_running_reqs.append(request)
             out.num_scheduled_tokens[request.request_id] = num_new
+            if request.spec_token_ids:
+                # upstream: vllm/v1/core/sched/scheduler.py:513 scheduled_spec_decode_tokens
+                num_spec = num_new + request.num_computed_tokens - request.num_tokens
+                if num_spec > 0:
+                    out.scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_spec]
+                request.spec_token_ids = []
             token_budget -= num_new
             i += 1
 
@@ -201,14 +222,16 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.spec_token_ids = []
         self.waiting.appendleft(request)
 
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, sampled: dict[str, int]
+        self, scheduler_output: SchedulerOutput, sampled: dict[str, int | list[int]]
     ) -> list[Request]:
-        """Advance each scheduled request, append its sampled token, reap the finished.
+        """Advance each scheduled request, append its sampled token(s), reap the finished.
 
-        ``sampled`` maps request id -> token for exactly the requests for which
+        ``sampled`` maps request id -> token (or, with scheduled drafts, the list of
+        1 to drafts + 1 tokens the rejection sampler kept) for exactly the requests for which
         ``needs_sample`` was true (a token for a request aborted since
         ``schedule()`` is ignored). Anything else is a ``ValueError``, raised
         before any request changes: a lost or extra token would silently
@@ -224,12 +247,18 @@ class Scheduler:
             if request.is_finished():  # aborted after schedule()
                 continue
             request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
-            token = sampled.get(request.request_id)
-            if token is None:
+            tokens = _as_list(sampled.get(request.request_id))
+            if not tokens:
                 continue
-            request.append_output_token(token)
-            if request.maybe_finish(self.max_model_len):
-                finished.append(request)
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request.request_id)
+            if drafts:
+                # upstream: vllm/v1/core/sched/scheduler.py:1374 num_rejected
+                request.num_computed_tokens -= len(drafts) + 1 - len(tokens)
+            for token in tokens:  # stop checks token by token: what follows a stop is dropped
+                request.append_output_token(token)
+                if request.maybe_finish(self.max_model_len):
+                    finished.append(request)
+                    break
         if finished:
             self.running = [r for r in self.running if not r.is_finished()]
             for request in finished:
@@ -254,6 +283,11 @@ class Scheduler:
                 )
             if needs and rid not in sampled:
                 raise ValueError(f"sampled: request {rid!r} computed its last token and needs a token")
+            if rid in sampled:
+                limit = 1 + len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
+                if not 1 <= len(_as_list(sampled[rid])) <= limit:
+                    raise ValueError(f"sampled: request {rid!r} must get 1 to {limit} tokens "
+                                     f"(drafts + 1), got {sampled[rid]!r}")
 
     def finish_requests(self, request_ids: str | list[str], status: RequestStatus) -> None:
         """Finish requests from outside (an abort); unknown or finished ids are ignored.
@@ -287,3 +321,7 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         """upstream: vllm/v1/core/sched/scheduler.py:1872 Scheduler.get_num_unfinished_requests"""
         return len(self.waiting) + len(self.running)
+
+
+def _as_list(tokens: int | list[int] | None) -> list[int]:
+    return [] if tokens is None else list(tokens) if isinstance(tokens, list | tuple) else [tokens]
