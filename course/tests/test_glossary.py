@@ -25,6 +25,8 @@ EMPHASIS = {
     "kv memory", "seats", "tokens per step",  # labels of Phase 03's three scarce things
     "offline: llm(model=...).generate(prompts)", "online: vllm serve",  # labels of two entry paths
     "finished_\\",  # FINISHED_*, a family of status names (see "Request status")
+    "suffix", "longest", "earliest", "includes",  # Phase 08: the n-gram rule's stressed words
+    "conditional", "per-position",  # Phase 08: the two readings of "Acceptance rate", stressed
 }
 
 # A term whose wording differs from its glossary heading: term -> heading.
@@ -43,6 +45,7 @@ ALIASES = {
     "waiting": "Request status",
     "running": "Request status",
     "preempted": "Request status",
+    "draft acceptance rate": "Acceptance rate",
 }
 
 BOLD_RE = re.compile(r"(\[)?\*\*([^*\n]+?)\*\*(\]\()?")

@@ -40,6 +40,7 @@ LAB_01_02 = ROOT / "phase-01-architecture-and-request-lifecycle/labs/lab-02-read
 LAB_02_03 = ROOT / "phase-02-paged-attention/labs/lab-03-real-vllm-blocks"
 LAB_03_03 = ROOT / "phase-03-continuous-batching-scheduler/labs/lab-03-prefix-cache-hitrate"
 LAB_06_02 = ROOT / "phase-06-quantization/labs/lab-02-quantize-and-eval"
+LAB_08_02 = ROOT / "phase-08-speculative-decoding/labs/lab-02-eagle-on-real-vllm"
 
 GiB = 1 << 30
 KV_CACHE_GIB = 1
@@ -233,6 +234,27 @@ def test_phase_06_fp8_kv_cache_on_the_real_cpu_engine(real):
     paris = golden["chat"][0]["greedy_ids"]  # "The capital of France is Paris."
     assert result["theirs"][0] == result["ours"][0] == paris
     assert result["same_answers"] >= 2, result
+
+
+def test_phase_08_ngram_speculation_equals_mini_vllms_on_the_real_cpu_engine():
+    """vLLM's n-gram speculation, through lab 08-02's ``run.py --device cpu``, against mini_vllm.
+
+    One chat prompt that asks SmolLM2 to repeat a sentence, greedy, k = 3, n-grams of 1 to 3:
+    the real engine and mini_vllm give the same 21 tokens and the same draft counters, so the
+    proposer, the verifier and the scheduler's rollback agree step for step, and the learner's
+    parser reads vLLM's own metrics line back to the same numbers.
+    """
+    run = import_path(LAB_08_02 / "run.py")
+    result = run.main_cpu(["k3"])["k3"]
+    theirs, ours = result["theirs"], result["ours"]
+    assert theirs["tokens"] == ours["tokens"] and len(ours["tokens"]) == 21
+    want = {"num_drafts": 5, "num_draft_tokens": 15, "num_accepted_tokens": 14,
+            "num_accepted_tokens_per_pos": [5, 5, 4]}
+    assert theirs["counters"] == ours["counters"] == want
+    assert ours["steps"] == 7  # 21 tokens: the prefill step, then 6 steps, 5 of them with drafts
+    metrics = run.impl.parse_metrics_line(theirs["line"])
+    assert (metrics.k, round(metrics.mean_acceptance_length, 2)) == (3, 3.80)  # 1 + 14 / 5
+    assert metrics.draft_acceptance_rate_pct == 93.3 and not run.impl.reconcile_metrics(metrics)
 
 
 # --------------------------------------------------------------------------- Phase 03 lab-03
