@@ -388,33 +388,28 @@ def test_the_fingerprint_follows_code_and_tests_but_not_prose(lab_tree):
 def test_update_ledger_then_ledger_reuses_it_and_a_wrong_record_is_caught(lab_tree, capsys):
     root = lab_tree({"01-killed.diff": KILLED, "02-survivor.diff": SURVIVOR})
     ledger = root / LAB / "mutants" / mutants.LEDGER_FILE
-    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger"]) == 1
-    assert "0 lab(s) taken from mutants/ledger.json" in capsys.readouterr().out
-    assert not ledger.exists()  # --ledger alone never writes
-    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--update-ledger"]) == 1
-    capsys.readouterr()
+    base = ["mutants", "--root", str(root), "--min-mutants", "1", "-j", "1", "--ledger"]
+    # no record yet: graded in full, then written
+    assert cli([*base, "--update-ledger"]) == 1
+    assert "0 lab(s) taken from mutants/ledger.json with a spot check, 1 graded in full" \
+        in capsys.readouterr().out
     data = json.loads(ledger.read_text())
     assert data["hand"]["verdicts"] == {"01-killed.diff": "killed", "02-survivor.diff": "survived"}
     assert data["hand"]["fingerprint"] == mutants.fingerprint(root / LAB, root, "hand", 400)
-    # reused: the same verdicts, so the survivor still fails the run
+    # reused: the same verdicts, so the survivor still fails the run; nothing is rewritten
     out_json = root / "r.json"
-    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger",
-                "--json", str(out_json)]) == 1
+    before = ledger.read_text()
+    assert cli([*base, "--update-ledger", "--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "1 lab(s) taken from mutants/ledger.json" in out
-    assert "survived  02-survivor.diff" in out
+    assert "1 lab(s) taken from mutants/ledger.json" in out and "survived  02-survivor.diff" in out
     lab = json.loads(out_json.read_text())["labs"][0]
     assert lab["from_ledger"] and (lab["killed"], lab["survived"]) == (1, 1)
+    assert ledger.read_text() == before
     # a record that does not match a re-graded mutant is a problem, not a pass
     data["hand"]["verdicts"]["02-survivor.diff"] = "killed"
     ledger.write_text(json.dumps(data))
-    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger"]) == 1
-    out = capsys.readouterr().out
-    assert "the ledger disagrees: 02-survivor.diff was killed" in out
-    # a changed test file makes the record stale: graded in full again
-    (root / LAB / "test_lab.py").write_text(TESTS + "\n")
-    assert cli(["mutants", "--root", str(root), "--min-mutants", "1", "--ledger"]) == 1
-    assert "0 lab(s) taken from mutants/ledger.json" in capsys.readouterr().out
+    assert cli(base) == 1
+    assert "the ledger disagrees: 02-survivor.diff was killed" in capsys.readouterr().out
 
 
 def test_the_spot_check_is_a_seeded_sample_of_the_pending_mutants():
