@@ -465,23 +465,40 @@ def test_sampled_output_is_reproducible_and_batch_independent():
 
 # --- SmolLM2 ---------------------------------------------------------------------------------
 
-@pytest.mark.model
-def test_smollm2_greedy_output_is_unchanged_and_takes_fewer_steps():
+SMOL_BASE = "one two three four, one two three four, one two"
+SMOL_PROMPTS = [SMOL_BASE + " three", SMOL_BASE + " three four, one", "The capital of France is"]
+SMOL_PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+# 4 blocks of 16 for three requests of 13, 16 and 5 prompt tokens and 6 outputs each: the pool
+# runs out mid-decode (preemption), the first two share a full block (a prefix-cache hit on
+# resume), and a 24-token budget chunks the prefills.
+SMOL_ENGINE = dict(block_size=16, num_blocks=4, max_num_batched_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def smollm2_plain():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from mini_vllm.models import get_model
 
     with threadpoolctl.threadpool_limits(1, "blas"):
         model = get_model("smollm2")
-        prompts = ["one two three, one two three, one two three, one", "The capital of France is"]
-        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)  # 12 steps in all
-        engine = LLMEngine(model, block_size=16, num_blocks=16)
-        plain = engine.generate(prompts, params)
-        spec_engine = LLMEngine(model, block_size=16, num_blocks=16, speculative_config=ngram(4, 1, 3))
-        spec = spec_engine.generate(prompts, params)
-    assert [r.output_token_ids for r in spec] == [r.output_token_ids for r in plain]
-    assert spec_engine.spec_decoding_stats.num_accepted_tokens > 0
-    # The repetitive prompt finishes in fewer steps.
-    assert spec[0].metrics.finished_step < plain[0].metrics.finished_step
+        engine = LLMEngine(model, **SMOL_ENGINE)
+        plain = [r.output_token_ids for r in engine.generate(SMOL_PROMPTS, SMOL_PARAMS)]
+    return model, plain, engine.num_steps
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_smollm2_greedy_output_is_unchanged_under_chunking_caching_and_preemption(smollm2_plain, k):
+    import threadpoolctl
+
+    model, plain, plain_steps = smollm2_plain
+    with threadpoolctl.threadpool_limits(1, "blas"):
+        engine = LLMEngine(model, **SMOL_ENGINE, speculative_config=ngram(k, 1, 3))
+        spec = [r.output_token_ids for r in engine.generate(SMOL_PROMPTS, SMOL_PARAMS)]
+    assert spec == plain
+    assert any(s.preempted for s in engine.stats) and sum(s.num_cached_tokens for s in engine.stats)
+    assert engine.spec_decoding_stats.num_accepted_tokens > 0  # drafts were really kept
+    assert engine.num_steps <= plain_steps
 
 
 def test_the_cli_passes_speculative_config_through(capsys):
