@@ -1,10 +1,11 @@
 """N-gram speculative decoding on SmolLM2-135M in mini_vllm: steps, acceptance, time.
 
     python -m mini_vllm download smollm2        # once
-    python benchmarks/bench_spec_decode.py      # under a minute here
+    python benchmarks/bench_spec_decode.py      # about two minutes here
 
-Two chat prompts, greedy, 48 tokens at most (EOS ends a request): one that asks the model to
-repeat a sentence (the friendly case: the answer copies its context) and one open question.
+Five chat prompts, greedy, 48 tokens at most (EOS ends a request): two that ask the model to
+repeat itself (the friendly case: the answer copies its context), a small piece of code, a list
+of numbers, and one open question.
 For each ``speculative_config`` the script prints the engine steps, the draft acceptance rate
 (accepted / drafted), the mean acceptance length (1 + accepted / drafts, the bonus token
 counted, as vLLM logs it) and the wall time, and checks that the tokens equal the run without
@@ -29,6 +30,10 @@ from mini_vllm.models import get_model  # noqa: E402
 PROMPTS = {
     "repeat": "Repeat this text exactly: The quick brown fox jumps over the lazy dog. "
               "The quick brown fox jumps over the lazy dog.",
+    "repeat-word": "Write the word 'hello' ten times.",
+    "code": "Write a Python function add(a, b) that returns a + b, then call it three times with "
+            "different numbers.",
+    "list": "List the numbers from 1 to 20, separated by commas.",
     "open": "Write two sentences about why the sky is blue.",
 }
 CONFIGS = [
