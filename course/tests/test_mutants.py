@@ -421,3 +421,25 @@ def test_the_spot_check_is_a_seeded_sample_of_the_pending_mutants():
     other = mutants.LabReport(LAB, "generated", fingerprint="cd" * 32)
     assert mutants.spot_sample(other, pending) != sample
     assert mutants.spot_sample(report, [3, 4]) == [3, 4]
+
+
+def test_a_record_that_cannot_tell_two_mutants_apart_is_not_used(lab_tree):
+    root = lab_tree()
+    lab = root / LAB
+    report = mutants.LabReport(LAB, "generated", fingerprint="f" * 64)
+    found = [(mutants.MutantResult("f:1:0:Add->Sub", ""), ""),
+             (mutants.MutantResult("f:1:0:Add->Sub", ""), "")]  # the same id twice
+    (lab / "mutants").mkdir()
+    (lab / "mutants" / mutants.LEDGER_FILE).write_text(json.dumps(
+        {"format": mutants.LEDGER_FORMAT,
+         "generated": {"fingerprint": "f" * 64, "verdicts": {"f:1:0:Add->Sub": "killed"}}}))
+    assert mutants.use_ledger(lab, report, found) is None
+    assert [m.verdict for m, _ in found] == ["pending", "pending"] and not report.from_ledger
+
+
+def test_killed_and_broken_agree_for_generated_mutants_only():
+    assert mutants._agree("broken", "killed", generated=True)
+    assert mutants._agree("killed", "broken", generated=True)
+    assert not mutants._agree("killed", "survived", generated=True)
+    assert not mutants._agree("broken", "killed", generated=False)
+    assert mutants._agree("survived", "survived", generated=False)
