@@ -34,7 +34,7 @@ from mini_vllm.kv_cache import KVCacheManager
 from mini_vllm.model import ToyModel
 from mini_vllm.model_runner import prepare_inputs, spec_decode_metadata
 from mini_vllm.request import Request, RequestMetrics, RequestStatus
-from mini_vllm.sampler import Sampler
+from mini_vllm.sampler import Sampler, SamplingMetadata
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.scheduler import Scheduler
 from mini_vllm.spec_decode import (
@@ -115,6 +115,13 @@ class LLMEngine:
     Drafts never run past ``max_tokens``. ``spec_decoding_stats`` sums the
     steps' ``StepStats.spec_decoding``.
 
+    Phase 09's sampling knobs (penalties, ``min_tokens``, ``logit_bias``,
+    ``allowed_token_ids``, ``bad_words``, ``logprobs``) go through one batched
+    ``Sampler.forward`` per step; token ids must be in the vocabulary and
+    ``logprobs`` at most ``max_logprobs`` (20 as upstream; -1: no cap). They
+    are refused with ``speculative_config`` (upstream supports all but
+    ``min_p`` and ``logit_bias`` there; mini_vllm's verify step does not apply them).
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -139,6 +146,7 @@ class LLMEngine:
         quantization_config: dict | None = None,
         kv_cache_dtype: str = "auto",
         speculative_config: dict | SpeculativeConfig | None = None,
+        max_logprobs: int = 20,
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -148,6 +156,10 @@ class LLMEngine:
         _positive_int("block_size", block_size)
         _positive_int("num_blocks", num_blocks, 2)
         _positive_int("seed", seed, 0)
+        if max_logprobs != -1 and (isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int)
+                                   or max_logprobs < 0):
+            raise ValueError(f"max_logprobs must be -1 (no cap) or an integer >= 0, got {max_logprobs!r}")
+        self.max_logprobs = max_logprobs
         if max_model_len is not None:
             _positive_int("max_model_len", max_model_len, 2)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
@@ -273,6 +285,7 @@ class LLMEngine:
         if params.n != 1:
             raise ValueError(f"n must be 1 for LLMEngine.add_request (LLM.generate fans out n > 1), got {params.n}")
         token_ids = self._tokenize(prompt)
+        self._verify_phase09_params(params)
         budget = self.max_model_len
         if len(token_ids) + params.max_tokens > budget:
             raise ValueError(
@@ -302,6 +315,27 @@ class LLMEngine:
         self._num_added += 1
         self.scheduler.add_request(request)
         return request_id
+
+    def _verify_phase09_params(self, params: SamplingParams) -> None:
+        """What ``SamplingParams`` cannot check alone: the vocabulary and the engine's limits.
+
+        upstream: vllm/sampling_params.py:665 SamplingParams.verify
+        """
+        vocab = self.model.vocab_size
+        for name, ids in (("logit_bias", list(params.logit_bias or ())),
+                          ("allowed_token_ids", params.allowed_token_ids or []),
+                          ("bad_words", [t for w in params.bad_words or [] for t in w])):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise ValueError(f"{name} token ids must be in [0, {vocab}), got {bad[:5]}")
+        if params.logprobs is not None:
+            cap = vocab if self.max_logprobs == -1 else self.max_logprobs
+            asked = vocab if params.logprobs == -1 else params.logprobs
+            if asked > cap:
+                raise ValueError(f"logprobs must be <= max_logprobs ({cap}), got {params.logprobs}")
+        if self.speculative_config is not None and (params.has_logits_processing or params.logprobs is not None):
+            raise ValueError("penalties, min_tokens, logit_bias, allowed_token_ids, bad_words and logprobs "
+                             "must be off with speculative_config (mini_vllm's verify step ignores them)")
 
     def _tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -353,6 +387,8 @@ class LLMEngine:
             meta = spec_decode_metadata(out)
             if meta is not None:
                 spec_stats = SpecDecodingStats.new(self.speculative_config.num_speculative_tokens)
+            plain_rows: list[int] = []  # logits rows sampled without drafts, in batch order
+            plain_reqs: list[Request] = []
             for row, req in enumerate(reqs):
                 n = out.num_scheduled_tokens[req.request_id]
                 if req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
@@ -362,14 +398,16 @@ class LLMEngine:
                 gen = self._generators[req.request_id]
                 drafts = out.scheduled_spec_decode_tokens.get(req.request_id)
                 if not drafts:
-                    last = row if meta is None else meta.bonus_logits_indices[row]
-                    sampled[req.request_id] = self.sampler.sample(logits[last], req.sampling_params, gen)
+                    plain_rows.append(row if meta is None else meta.bonus_logits_indices[row])
+                    plain_reqs.append(req)
                     continue
                 bonus = meta.bonus_logits_indices[row]
                 tokens = self.rejection_sampler(drafts, logits[bonus - len(drafts): bonus + 1],
                                                 req.sampling_params, gen)
                 spec_stats.observe_draft(len(drafts), len(tokens) - 1)
                 sampled[req.request_id] = tokens
+            if plain_reqs:
+                self._sample_batch(logits[plain_rows], plain_reqs, sampled)
         finished = self.scheduler.update_from_output(out, sampled)
         if self.drafter is not None:
             self._propose_drafts(out, sampled)
@@ -402,6 +440,25 @@ class LLMEngine:
             spec_decoding=spec_stats,
         ))
         return finished
+
+    def _sample_batch(self, logits: np.ndarray, reqs: list[Request], sampled: dict) -> None:
+        """One ``Sampler.forward`` over the rows that sample one token each; logprobs
+        go onto their requests here (the scheduler appends the tokens).
+
+        upstream: vllm/v1/worker/gpu_input_batch.py:831 _make_sampling_metadata
+        """
+        metadata = SamplingMetadata(
+            params=[r.sampling_params for r in reqs],
+            generators=[self._generators[r.request_id] for r in reqs],
+            prompt_token_ids=[r.prompt_token_ids for r in reqs],
+            output_token_ids=[r.output_token_ids for r in reqs],
+            stop_token_ids=[() if r.eos_token_id is None else (r.eos_token_id,) for r in reqs],
+        )
+        result = self.sampler.forward(logits, metadata)
+        for req, token, position in zip(reqs, result.sampled, result.logprobs, strict=True):
+            sampled[req.request_id] = token
+            if position is not None and not req.is_finished():
+                req.append_logprobs(position)
 
     def _propose_drafts(self, out, sampled: dict) -> None:
         """Draft the next step's tokens for every request that just sampled, capped so
@@ -473,6 +530,9 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None
+    # Phase 09: set when SamplingParams.logprobs is (upstream's fields of the same names).
+    cumulative_logprob: float | None = None
+    logprobs: list | None = None
 
 
 @dataclass(slots=True)
@@ -528,7 +588,7 @@ class LLM:
             reqs = [done[i] for i in ids]
             outputs = [
                 CompletionOutput(i, r.output_text(), list(r.output_token_ids), r.finish_reason,
-                                 r.stop_reason, r.metrics)
+                                 r.stop_reason, r.metrics, r.cumulative_logprob, r.logprobs)
                 for i, r in enumerate(reqs)
             ]
             results.append(RequestOutput(

@@ -19,7 +19,7 @@ Deliberate differences from upstream:
   finish. The outcome is the same (EOS, then stop strings, then length); the
   cost here is O(output length) per token, fine at this scale.
 * The EOS id is given to the ``Request``; upstream keeps it in the sampling
-  params, next to ``stop_token_ids`` and ``min_tokens``, which are not here.
+  params, next to ``stop_token_ids`` (not here) and ``min_tokens`` (in the params).
 * Only the statuses mini_vllm can reach: no waiting sub-states (grammar,
   remote KV, streaming input) and no ``FINISHED_IGNORED`` / ``ERROR`` /
   ``REPETITION``.
@@ -120,6 +120,10 @@ class Request:
         # Stop strings are matched on text, so they need a decoder.
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.metrics = RequestMetrics()
+        # Phase 09: one dict (token id -> Logprob) per output token when
+        # sampling_params.logprobs is set, else None (upstream: CompletionOutput.logprobs).
+        self.logprobs: list | None = None if sampling_params.logprobs is None else []
+        self.cumulative_logprob: float | None = None if sampling_params.logprobs is None else 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -157,8 +161,17 @@ class Request:
         stop strings, then length. So an EOS sampled as the ``max_tokens``-th
         token reports ``"stop"``, not ``"length"``. Stop strings are found in
         the decoded output text, so one split across two tokens still matches.
+
+        With ``min_tokens``, as upstream: nothing stops the request before
+        ``min_tokens`` outputs, and a stop string counts only if it ends after
+        the text of the first ``min_tokens`` tokens.
+
+        upstream: vllm/v1/engine/detokenizer.py:121 min_tokens
+        upstream: vllm/v1/core/sched/utils.py:94 check_stop
         """
         params = self.sampling_params
+        if self.num_output_tokens < params.min_tokens:
+            return False
         last = self.output_token_ids[-1]
         if not params.ignore_eos and last == self.eos_token_id:
             self.status = RequestStatus.FINISHED_STOPPED
@@ -166,7 +179,7 @@ class Request:
         if params.stop:
             text = self.tokenizer.decode(self.output_token_ids)
             for s in params.stop:
-                if s in text:
+                if text.find(s, self._stop_search_start(s)) != -1:
                     self.status = RequestStatus.FINISHED_STOPPED
                     self.stop_reason = s
                     return True
@@ -181,8 +194,21 @@ class Request:
         """Decoded output, cut before the stop string that finished it (upstream default)."""
         text = self.tokenizer.decode(self.output_token_ids)
         if isinstance(self.stop_reason, str):
-            text = text[: text.find(self.stop_reason)]
+            text = text[: text.find(self.stop_reason, self._stop_search_start(self.stop_reason))]
         return text
+
+    def _stop_search_start(self, stop: str) -> int:
+        # Without min_tokens, 0: the whole text. With it, a match must end
+        # after the first min_tokens tokens' text.
+        min_tokens = self.sampling_params.min_tokens
+        if not min_tokens:
+            return 0
+        return max(0, len(self.tokenizer.decode(self.output_token_ids[:min_tokens])) - len(stop) + 1)
+
+    def append_logprobs(self, position: dict) -> None:
+        """Record one output position's logprobs (the sampled token is the dict's first key)."""
+        self.logprobs.append(position)
+        self.cumulative_logprob += next(iter(position.values())).logprob
 
     def __repr__(self) -> str:
         return (

@@ -16,12 +16,29 @@ Deliberate differences from upstream, which is more forgiving:
   ``max_model_len``"), ``seed`` must be ``None`` or ``>= 0`` (upstream also
   reads ``-1`` as ``None``), and a wrongly typed value is a ``ValueError``,
   never a ``TypeError``.
-* Only these nine fields: no penalties, logprobs, ``min_tokens``,
-  ``stop_token_ids``, logit bias or structured output.
+* ``bad_words`` is a list of token-id sequences (upstream takes strings
+  and tokenizes each one twice, with and without a leading space, into
+  ``_bad_words_token_ids``); ``logprobs`` must be ``None``, ``-1`` or an
+  integer ``>= 0`` (upstream also reads ``True`` as 1); ``repetition_penalty``
+  must be finite as well as ``> 0``; ``logit_bias`` values must be finite
+  numbers (upstream clamps them to [-100, 100] only on the OpenAI path).
+* Token ids in ``logit_bias``, ``allowed_token_ids`` and ``bad_words`` and
+  ``logprobs`` against ``max_logprobs`` are checked by ``LLMEngine.add_request``,
+  which knows the vocabulary, as upstream's ``SamplingParams.verify`` does.
+* No ``stop_token_ids``, ``prompt_logprobs`` or structured output.
+
+Phase 09's fields (penalties, ``min_tokens``, ``logit_bias``,
+``allowed_token_ids``, ``bad_words``, ``logprobs``) all default to "off",
+and a request that leaves them off samples exactly as before they existed.
 
 upstream: vllm/sampling_params.py:398-407 _MAX_TEMP
 upstream: vllm/sampling_params.py:452 SamplingParams._verify_args
 upstream: vllm/sampling_params.py:552 SamplingParams._verify_greedy_sampling
+upstream: vllm/sampling_params.py:193 presence_penalty
+upstream: vllm/sampling_params.py:201 repetition_penalty
+upstream: vllm/sampling_params.py:287 logit_bias
+upstream: vllm/sampling_params.py:727 SamplingParams._validate_logit_bias
+upstream: vllm/sampling_params.py:754 SamplingParams._validate_allowed_token_ids
 """
 from __future__ import annotations
 
@@ -38,6 +55,15 @@ def _check_number(name: str, value: object, kind: type, allowed: str) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
 
 
+def _is_token_id(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
+def _is_finite_number(value: object) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and abs(value) < float("inf"))
+
+
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -49,6 +75,15 @@ class SamplingParams:
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1
+    # Phase 09: all off by default (off is the old sampling path exactly).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[list[int]] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, float, "0 (greedy) or a number >= 0.01")
@@ -87,6 +122,53 @@ class SamplingParams:
             ):
                 raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
             self.stop = list(self.stop)
+        self._verify_phase09_args()
+
+    def _verify_phase09_args(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value, float, "a number in [-2, 2]")
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty, float, "a finite number > 0")
+        if not 0.0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        _check_number("min_tokens", self.min_tokens, int, "an integer in [0, max_tokens]")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                _is_token_id(t) and _is_finite_number(b) for t, b in self.logit_bias.items()
+            ):
+                raise ValueError(f"logit_bias must be None or a dict of token id (int >= 0) -> "
+                                 f"finite number, got {self.logit_bias!r:.80}")
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, list | tuple) or not self.allowed_token_ids or not all(
+                _is_token_id(t) for t in self.allowed_token_ids
+            ):
+                raise ValueError(f"allowed_token_ids must be None or a non-empty list of token ids "
+                                 f"(ints >= 0), got {self.allowed_token_ids!r:.80}")
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, list | tuple) or not all(
+                isinstance(w, list | tuple) and w and all(_is_token_id(t) for t in w) for w in self.bad_words
+            ):
+                raise ValueError(f"bad_words must be None or a list of non-empty token-id lists "
+                                 f"(ints >= 0), got {self.bad_words!r:.80}")
+            self.bad_words = [[int(t) for t in w] for w in self.bad_words]
+        if self.logprobs is not None:
+            _check_number("logprobs", self.logprobs, int, "None, -1 (the whole vocabulary) or an integer >= 0")
+            if self.logprobs < -1:
+                raise ValueError(f"logprobs must be None, -1 (the whole vocabulary) or an integer >= 0, "
+                                 f"got {self.logprobs}")
+
+    @property
+    def has_logits_processing(self) -> bool:
+        """True when a Phase 09 knob changes the logits before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens or self.logit_bias or self.allowed_token_ids is not None
+                    or self.bad_words)
 
     @property
     def greedy(self) -> bool:
