@@ -295,6 +295,6 @@ def apply_penalties(logits: np.ndarray, prompt_token_ids: list[list[int]],
         prompt_mask[i, np.asarray(prompt_token_ids[i], dtype=np.int64)] = True
     out_mask = out_counts > 0
     pen = np.where(prompt_mask | out_mask, repetition[:, None], 1.0)
-    logits = logits * np.where(logits > 0, 1.0 / pen, pen)
+    logits = np.where(logits > 0, logits / pen, logits * pen)
     logits = logits - frequency[:, None] * out_counts
     return logits - presence[:, None] * out_mask
