@@ -31,10 +31,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mini_vllm.kv_cache import KVCacheManager
+from mini_vllm.logits_processor import LogitsProcessor, PersistentBatch
 from mini_vllm.model import ToyModel
 from mini_vllm.model_runner import prepare_inputs, spec_decode_metadata
 from mini_vllm.request import Request, RequestMetrics, RequestStatus
-from mini_vllm.sampler import Sampler, SamplingMetadata
+from mini_vllm.sampler import Sampler, SamplingMetadata, compute_logprobs, gather_logprobs
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.scheduler import Scheduler
 from mini_vllm.spec_decode import (
@@ -122,6 +123,14 @@ class LLMEngine:
     are refused with ``speculative_config`` (upstream supports all but
     ``min_p`` and ``logit_bias`` there; mini_vllm's verify step does not apply them).
 
+    ``prompt_logprobs=k`` adds ``RequestOutput.prompt_logprobs``: the raw
+    logprobs of each prompt token given the ones before it (extra logits rows
+    in the prefill steps; such a request never reads the prefix cache).
+    ``logits_processors`` (classes, off by default) are upstream's custom
+    processors: built once, told each step how the persistent batch changed
+    (``mini_vllm.logits_processor``), run on its logits in upstream's place.
+    ``LLM.beam_search`` is upstream's offline beam search over this engine.
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -147,6 +156,7 @@ class LLMEngine:
         kv_cache_dtype: str = "auto",
         speculative_config: dict | SpeculativeConfig | None = None,
         max_logprobs: int = 20,
+        logits_processors: list[type[LogitsProcessor]] | tuple = (),
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -208,11 +218,30 @@ class LLMEngine:
             self.drafter = self._make_drafter(spec, seed, block_size)
             self.rejection_sampler = RejectionSampler(self.sampler)
             self.spec_decoding_stats = SpecDecodingStats.new(spec.num_speculative_tokens)
+        self.logits_processors = self._build_logits_processors(logits_processors)
+        self.persistent_batch = PersistentBatch() if self.logits_processors else None
         self.seed = seed
         self.stats: list[StepStats] = []
         self.num_steps = 0
         self._num_added = 0
         self._generators: dict[str, np.random.Generator] = {}
+
+    def _build_logits_processors(self, classes) -> list[LogitsProcessor]:
+        """One instance of each class, built as upstream builds custom processors
+        (``cls(vllm_config, device, is_pin_memory)``; here the engine stands in for the config).
+
+        upstream: vllm/v1/sample/logits_processor/__init__.py:184 build_logitsprocs
+        """
+        if not isinstance(classes, list | tuple) or not all(
+            isinstance(c, type) and issubclass(c, LogitsProcessor) for c in classes
+        ):
+            raise ValueError(f"logits_processors must be a list of LogitsProcessor subclasses "
+                             f"(classes, not instances), got {classes!r:.80}")
+        if classes and self.speculative_config is not None:
+            raise ValueError("logits_processors must be empty with speculative_config "
+                             "(mini_vllm's verify step does not run them)")
+        self.logits_processor_classes = list(classes)
+        return [cls(self, "cpu", False) for cls in classes]
 
     def _make_drafter(self, spec: SpeculativeConfig, seed: int, block_size: int):
         if spec.method == "ngram":
@@ -286,6 +315,8 @@ class LLMEngine:
             raise ValueError(f"n must be 1 for LLMEngine.add_request (LLM.generate fans out n > 1), got {params.n}")
         token_ids = self._tokenize(prompt)
         self._verify_phase09_params(params)
+        for cls in self.logits_processor_classes:
+            cls.validate_params(params)
         budget = self.max_model_len
         if len(token_ids) + params.max_tokens > budget:
             raise ValueError(
@@ -333,9 +364,16 @@ class LLMEngine:
             asked = vocab if params.logprobs == -1 else params.logprobs
             if asked > cap:
                 raise ValueError(f"logprobs must be <= max_logprobs ({cap}), got {params.logprobs}")
-        if self.speculative_config is not None and (params.has_logits_processing or params.logprobs is not None):
-            raise ValueError("penalties, min_tokens, logit_bias, allowed_token_ids, bad_words and logprobs "
-                             "must be off with speculative_config (mini_vllm's verify step ignores them)")
+        if params.prompt_logprobs is not None:
+            cap = vocab if self.max_logprobs == -1 else self.max_logprobs
+            asked = vocab if params.prompt_logprobs == -1 else params.prompt_logprobs
+            if asked > cap:
+                raise ValueError(f"prompt_logprobs must be <= max_logprobs ({cap}), got {params.prompt_logprobs}")
+        if self.speculative_config is not None and (params.has_logits_processing or params.logprobs is not None
+                                                    or params.prompt_logprobs is not None):
+            raise ValueError("penalties, min_tokens, logit_bias, allowed_token_ids, bad_words, logprobs and "
+                             "prompt_logprobs must be off with speculative_config (mini_vllm's verify step "
+                             "ignores them)")
 
     def _tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -376,7 +414,15 @@ class LLMEngine:
             reqs = out.scheduled_requests
             if backend is not None:
                 backend.kv_rows_read = 0
-            logits = self.model.execute(prepare_inputs(out, self.kv_cache_manager))
+            model_input = prepare_inputs(out, self.kv_cache_manager)
+            prompt_rows = self._prompt_logprob_rows(out, model_input)
+            if prompt_rows:  # extra logits rows, after the usual ones
+                model_input.logits_indices = np.concatenate(
+                    [model_input.logits_indices, *(rows for _, rows, _ in prompt_rows)])
+            logits = self.model.execute(model_input)
+            if prompt_rows:
+                self._record_prompt_logprobs(prompt_rows, logits[len(logits) - sum(len(r) for _, r, _ in prompt_rows):])
+                logits = logits[: len(logits) - sum(len(r) for _, r, _ in prompt_rows)]
             if backend is not None:
                 kv_rows_read = backend.kv_rows_read
             padded = getattr(self.model, "last_padded_tokens", 0)
@@ -406,7 +452,9 @@ class LLMEngine:
                                                 req.sampling_params, gen)
                 spec_stats.observe_draft(len(drafts), len(tokens) - 1)
                 sampled[req.request_id] = tokens
-            if plain_reqs:
+            if self.persistent_batch is not None:
+                self._sample_persistent_batch(out, logits, sampled)
+            elif plain_reqs:
                 self._sample_batch(logits[plain_rows], plain_reqs, sampled)
         finished = self.scheduler.update_from_output(out, sampled)
         if self.drafter is not None:
@@ -441,7 +489,8 @@ class LLMEngine:
         ))
         return finished
 
-    def _sample_batch(self, logits: np.ndarray, reqs: list[Request], sampled: dict) -> None:
+    def _sample_batch(self, logits: np.ndarray, reqs: list[Request], sampled: dict,
+                      take: list[bool] | None = None) -> None:
         """One ``Sampler.forward`` over the rows that sample one token each; logprobs
         go onto their requests here (the scheduler appends the tokens).
 
@@ -453,12 +502,66 @@ class LLMEngine:
             prompt_token_ids=[r.prompt_token_ids for r in reqs],
             output_token_ids=[r.output_token_ids for r in reqs],
             stop_token_ids=[() if r.eos_token_id is None else (r.eos_token_id,) for r in reqs],
+            sample_rows=take or [],
+            logitsprocs=self.logits_processors,
         )
         result = self.sampler.forward(logits, metadata)
         for req, token, position in zip(reqs, result.sampled, result.logprobs, strict=True):
+            if token is None:
+                continue
             sampled[req.request_id] = token
             if position is not None and not req.is_finished():
                 req.append_logprobs(position)
+
+    def _sample_persistent_batch(self, out, logits: np.ndarray, sampled: dict) -> None:
+        """With custom logits processors: update the persistent batch, tell every processor,
+        then one ``Sampler.forward`` over all scheduled requests in batch order (the rows of
+        unfinished prefill chunks are processed, not drawn).
+
+        upstream: vllm/v1/worker/gpu_model_runner.py:1116 GPUModelRunner._update_states
+        upstream: vllm/v1/worker/gpu_input_batch.py:811 InputBatch.refresh_metadata
+        """
+        reqs = out.scheduled_requests
+        update = self.persistent_batch.update(reqs)
+        for lp in self.logits_processors:
+            lp.update_state(update)
+        row_of = {r.request_id: i for i, r in enumerate(reqs)}
+        ordered = [reqs[row_of[rid]] for rid in self.persistent_batch.req_ids]
+        take = [Scheduler.needs_sample(r, out.num_scheduled_tokens[r.request_id]) for r in ordered]
+        self._sample_batch(logits[[row_of[r.request_id] for r in ordered]], ordered, sampled, take)
+
+    def _prompt_logprob_rows(self, out, model_input) -> list[tuple[Request, np.ndarray, int]]:
+        """For each scheduled request that wants prompt logprobs, the rows of this step's
+        chunk whose logits predict a prompt token, and the first such position."""
+        found = []
+        qsl = model_input.query_start_loc
+        for b, req in enumerate(out.scheduled_requests):
+            if req.sampling_params.prompt_logprobs is None:
+                continue
+            start = req.num_computed_tokens  # the chunk's first position
+            stop = min(start + out.num_scheduled_tokens[req.request_id], req.num_prompt_tokens - 1)
+            if stop > start:  # position p predicts prompt token p + 1
+                found.append((req, np.arange(qsl[b], qsl[b] + stop - start, dtype=np.int64), start))
+        return found
+
+    def _record_prompt_logprobs(self, prompt_rows, logits: np.ndarray) -> None:
+        """Raw logprobs of each prompt token given the ones before it (upstream's
+        ``prompt_logprobs``: the first prompt token has none).
+
+        upstream: vllm/v1/worker/gpu_model_runner.py:5338 _get_prompt_logprobs_dict
+        """
+        at = 0
+        vocab = logits.shape[1]
+        for req, rows, start in prompt_rows:
+            logprobs = compute_logprobs(logits[at: at + len(rows)])
+            at += len(rows)
+            k = req.sampling_params.prompt_logprobs
+            if req.prompt_logprobs is None or start == 0:
+                req.prompt_logprobs = [None]  # a preempted request recomputes from the start
+            del req.prompt_logprobs[start + 1:]
+            for j in range(len(rows)):
+                token = req.prompt_token_ids[start + j + 1]
+                req.prompt_logprobs.append(gather_logprobs(logprobs[j], vocab if k == -1 else k, token))
 
     def _propose_drafts(self, out, sampled: dict) -> None:
         """Draft the next step's tokens for every request that just sampled, capped so
@@ -547,6 +650,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    prompt_logprobs: list | None = None  # Phase 09: set when SamplingParams.prompt_logprobs is
 
 
 class LLM:
@@ -599,5 +703,16 @@ class LLM:
                 metrics=reqs[0].metrics,
                 num_cached_tokens=reqs[0].metrics.num_cached_tokens,
                 num_preemptions=sum(r.num_preemptions for r in reqs),
+                prompt_logprobs=reqs[0].prompt_logprobs,
             ))
         return results
+
+    def beam_search(self, prompts: Prompt | list[Prompt], params) -> list:
+        """Beam search, upstream's offline loop over this engine (``mini_vllm.beam_search``).
+
+        upstream: vllm/entrypoints/generate/beam_search/offline.py:27 beam_search
+        """
+        from mini_vllm.beam_search import beam_search
+
+        prompts = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        return beam_search(self.llm_engine, prompts, params)

@@ -89,10 +89,15 @@ class KVCacheManager:
         least one token (and, when its length is a multiple of the block size,
         recomputes a whole block).
 
+        A request with ``prompt_logprobs`` reads nothing from the cache (it
+        needs logits at every prompt position) but its blocks are still cached
+        for others.
+
         upstream: vllm/v1/core/kv_cache_manager.py:194 KVCacheManager.get_computed_blocks
+        upstream: vllm/v1/core/kv_cache_manager.py:210 skip_reading_prefix_cache
         upstream: vllm/v1/core/single_type_kv_cache_manager.py:483 FullAttentionManager.find_longest_cache_hit
         """
-        if not self.enable_caching:
+        if not self.enable_caching or getattr(request.sampling_params, "skip_reading_prefix_cache", False):
             return [], 0
         self.update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -124,6 +124,8 @@ class Request:
         # sampling_params.logprobs is set, else None (upstream: CompletionOutput.logprobs).
         self.logprobs: list | None = None if sampling_params.logprobs is None else []
         self.cumulative_logprob: float | None = None if sampling_params.logprobs is None else 0.0
+        # One entry per prompt token when sampling_params.prompt_logprobs is set (the first is None).
+        self.prompt_logprobs: list | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -42,6 +42,11 @@ steps upstream's ``Sampler.forward`` runs before the draw, in its order:
    top-p and a draw, as above;
 7. the top ``logprobs`` raw logprobs plus the sampled token's, with ranks.
 
+Custom logits processors (``SamplingMetadata.logitsprocs``, from
+``LLMEngine(logits_processors=...)``) run on the whole batch: the
+non-argmax-invariant ones between steps 4 and 5, the argmax-invariant ones
+on the temperature-scaled logits of the non-greedy rows, before min-p.
+
 Steps 2-5 work on the rows that use a knob as one [b, V] float64 array;
 a row that uses none goes to ``sample`` untouched, so with every knob at its
 default ``forward`` is ``sample`` row by row, bit for bit. Upstream runs
@@ -69,7 +74,8 @@ upstream: vllm/v1/sample/ops/topk_topp_sampler.py:395 random_sample
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -104,9 +110,15 @@ class SamplingMetadata:
     prompt_token_ids: list[list[int]] = field(default_factory=list)
     output_token_ids: list[list[int]] = field(default_factory=list)
     stop_token_ids: list[tuple[int, ...]] = field(default_factory=list)
+    sample_rows: list[bool] = field(default_factory=list)  # empty: every row draws a token
+    logitsprocs: Sequence = ()  # custom LogitsProcessor instances (mini_vllm.logits_processor)
 
     def __post_init__(self) -> None:
         b = len(self.params)
+        if not self.sample_rows:
+            self.sample_rows = [True] * b
+        if len(self.sample_rows) != b:
+            raise ValueError(f"sample_rows must have one entry per row ({b}), got {len(self.sample_rows)}")
         for name in ("prompt_token_ids", "output_token_ids", "stop_token_ids"):
             if not getattr(self, name):
                 setattr(self, name, [[] if name != "stop_token_ids" else () for _ in range(b)])
@@ -128,31 +140,57 @@ class SamplerOutput:
 
 class Sampler:
     def forward(self, logits: np.ndarray, metadata: SamplingMetadata) -> SamplerOutput:
-        """Sample one token for each of the B rows of ``logits`` [B, V] (see the module doc)."""
+        """Sample one token for each of the B rows of ``logits`` [B, V] (see the module doc).
+
+        Rows whose ``metadata.sample_rows`` entry is False (a prefill chunk that
+        does not finish its prompt) are processed but not drawn: their
+        ``sampled`` entry is None and their generator is not touched.
+        """
         logits = np.asarray(logits)
         if logits.ndim != 2 or logits.shape[0] != len(metadata.params):
             raise ValueError(f"logits must be [B, vocab] with B = {len(metadata.params)} rows "
                              f"(one per SamplingParams), got shape {logits.shape}")
-        want_lp = [i for i, p in enumerate(metadata.params) if p.logprobs is not None]
+        params, take = metadata.params, metadata.sample_rows
+        want_lp = [i for i, p in enumerate(params) if p.logprobs is not None and take[i]]
         raw = compute_logprobs(logits[want_lp]) if want_lp else None
-        rows = [i for i, p in enumerate(metadata.params) if p.has_logits_processing]
-        processed = {}
-        if rows:
-            processed = dict(zip(rows, self.apply_logits_processors(logits[rows], metadata, rows), strict=True))
+        procs = metadata.logitsprocs
+        invariant = [lp for lp in procs if lp.is_argmax_invariant()]
+        if procs:  # custom processors see the whole batch, so every row is processed
+            rows = list(range(len(params)))
+            processed = self.apply_logits_processors(logits, metadata, rows,
+                                                     [lp for lp in procs if not lp.is_argmax_invariant()])
+        else:
+            rows = [i for i, p in enumerate(params) if p.has_logits_processing]
+            processed = self.apply_logits_processors(logits[rows], metadata, rows) if rows else None
+        row_logits = dict(zip(rows, processed, strict=True)) if rows else {}
+        if invariant:  # after temperature; a greedy row was decided before them
+            row_params = {i: p for i, p in enumerate(params) if not p.greedy}
+            scaled = np.stack([row_logits[i] / params[i].temperature if i in row_params else row_logits[i]
+                               for i in range(len(params))])
+            for lp in invariant:
+                scaled = lp.apply(scaled)
+            for i in row_params:
+                row_logits[i] = scaled[i]
+                row_params[i] = replace(params[i], temperature=1.0)  # already divided
+        else:
+            row_params = {}
         sampled = [
-            self.sample(processed[i] if i in processed else logits[i], p, metadata.generators[i])
-            for i, p in enumerate(metadata.params)
+            self.sample(row_logits.get(i, logits[i]), row_params.get(i, p), metadata.generators[i]) if take[i]
+            else None
+            for i, p in enumerate(params)
         ]
         out: list[dict[int, Logprob] | None] = [None] * len(sampled)
         for j, i in enumerate(want_lp):
-            k = metadata.params[i].logprobs
+            k = params[i].logprobs
             out[i] = gather_logprobs(raw[j], logits.shape[1] if k == -1 else k, sampled[i])
         return SamplerOutput(sampled, out)
 
     @staticmethod
     def apply_logits_processors(logits: np.ndarray, metadata: SamplingMetadata,
-                                rows: list[int]) -> np.ndarray:
-        """Steps 2-5 on ``logits`` [b, V], whose row j belongs to batch row ``rows[j]``.
+                                rows: list[int], non_argmax_invariant: Sequence = ()) -> np.ndarray:
+        """Steps 2-5 on ``logits`` [b, V], whose row j belongs to batch row ``rows[j]``;
+        custom ``non_argmax_invariant`` processors (given only when ``rows`` is the
+        whole batch) run after logit bias and before the penalties, as upstream's.
         Returns a new float64 array; the input is not changed."""
         logits = np.array(logits, dtype=np.float64)
         params = [metadata.params[i] for i in rows]
@@ -166,6 +204,11 @@ class Sampler:
                 logits[j, list(metadata.stop_token_ids[rows[j]])] = -np.inf
             if p.logit_bias:
                 logits[j, list(p.logit_bias)] += np.array(list(p.logit_bias.values()))
+        for lp in non_argmax_invariant:
+            logits = np.asarray(lp.apply(logits), dtype=np.float64)
+            if logits.shape != (len(rows), logits.shape[1]):
+                raise ValueError(f"{type(lp).__name__}.apply must return logits of shape [B, V], "
+                                 f"got {logits.shape}")
         if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params):
             logits = apply_penalties(
                 logits,

@@ -25,10 +25,11 @@ Deliberate differences from upstream, which is more forgiving:
 * Token ids in ``logit_bias``, ``allowed_token_ids`` and ``bad_words`` and
   ``logprobs`` against ``max_logprobs`` are checked by ``LLMEngine.add_request``,
   which knows the vocabulary, as upstream's ``SamplingParams.verify`` does.
-* No ``stop_token_ids``, ``prompt_logprobs`` or structured output.
+* No ``stop_token_ids`` or structured output.
 
 Phase 09's fields (penalties, ``min_tokens``, ``logit_bias``,
-``allowed_token_ids``, ``bad_words``, ``logprobs``) all default to "off",
+``allowed_token_ids``, ``bad_words``, ``logprobs``, ``prompt_logprobs``,
+``extra_args``) all default to "off",
 and a request that leaves them off samples exactly as before they existed.
 
 upstream: vllm/sampling_params.py:398-407 _MAX_TEMP
@@ -84,6 +85,10 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[list[int]] | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # Per-request arguments for custom logits processors (upstream's name);
+    # mini_vllm only checks it is a dict, the processors read their own keys.
+    extra_args: dict | None = None
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, float, "0 (greedy) or a number >= 0.01")
@@ -162,6 +167,20 @@ class SamplingParams:
             if self.logprobs < -1:
                 raise ValueError(f"logprobs must be None, -1 (the whole vocabulary) or an integer >= 0, "
                                  f"got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            _check_number("prompt_logprobs", self.prompt_logprobs, int,
+                          "None, -1 (the whole vocabulary) or an integer >= 0")
+            if self.prompt_logprobs < -1:
+                raise ValueError(f"prompt_logprobs must be None, -1 (the whole vocabulary) or an integer >= 0, "
+                                 f"got {self.prompt_logprobs}")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be None or a dict, got {type(self.extra_args).__name__}")
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """A request that wants prompt logprobs computes its whole prompt: a cached
+        block has no logits to give (upstream: vllm/sampling_params.py:446)."""
+        return self.prompt_logprobs is not None
 
     @property
     def has_logits_processing(self) -> bool:

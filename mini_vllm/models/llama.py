@@ -278,7 +278,7 @@ class LlamaForCausalLM:
         return 0 if self.kv_cache is None else self.kv_cache.nbytes
 
     def execute(self, model_input: ModelInput) -> np.ndarray:
-        """Run one step; return float32 logits [num_reqs, vocab] at ``logits_indices``."""
+        """Run one step; return float32 logits [len(logits_indices), vocab]."""
         if self.kv_cache is None:
             raise RuntimeError("call init_kv_cache(num_blocks, block_size) before execute()")
         if model_input.block_size != self.kv_cache.shape[3]:

@@ -218,7 +218,7 @@ class TorchLlamaForCausalLM:
 
     @torch.inference_mode()
     def execute(self, model_input: ModelInput) -> np.ndarray:
-        """Run one step; return float32 numpy logits [num_reqs, vocab] at ``logits_indices``."""
+        """Run one step; return float32 numpy logits [len(logits_indices), vocab]."""
         if self.kv_cache is None:
             raise RuntimeError("call init_kv_cache(num_blocks, block_size) before execute()")
         if model_input.block_size != self.kv_cache.shape[3]:
