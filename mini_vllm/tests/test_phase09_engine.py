@@ -300,3 +300,19 @@ def test_beam_search_params_are_checked():
             BeamSearchParams(**kwargs)
     with pytest.raises(ValueError, match=r"prompt \(13 tokens\) \+ max_tokens \(60\) exceeds max_model_len = 64"):
         LLM("tiny-random", max_model_len=64).beam_search([PROMPT], BeamSearchParams(beam_width=1, max_tokens=60))
+
+
+def test_beam_search_token_counts_quoted_in_the_mini_build():
+    """02-mini-build.md's table: width 4, 8 steps, a 40-token prompt, block 16 on tiny-random.
+    Off: 40 + 4 x (41 + ... + 47) = 1,272 tokens computed. On: every later request hits its
+    first 32 tokens, so 40 + 4 x (9 + ... + 15) = 376 computed and 7 x 4 x 32 = 896 cached."""
+    prompt = {"prompt_token_ids": [(7 * i + 3) % 250 + 1 for i in range(40)]}
+    counts = {}
+    for caching in (True, False):
+        llm = LLM("tiny-random", block_size=16, enable_caching=caching)
+        llm.beam_search([prompt], BeamSearchParams(beam_width=4, max_tokens=8, ignore_eos=True))
+        stats = llm.llm_engine.stats
+        counts[caching] = (sum(sum(s.num_scheduled_tokens.values()) for s in stats),
+                           sum(s.num_cached_tokens for s in stats))
+    assert counts == {True: (376, 896), False: (1272, 0)}
+    assert 40 + 4 * sum(range(41, 48)) == 1272 and 40 + 4 * sum(range(9, 16)) == 376
