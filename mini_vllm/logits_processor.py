@@ -30,7 +30,7 @@ Differences from upstream: ``apply`` takes and returns numpy arrays;
 ``__init__`` receives the ``LLMEngine`` where upstream passes its
 ``VllmConfig`` (and ``"cpu"``, ``False`` for device and pinned memory).
 
-upstream: vllm/v1/sample/logits_processor/interface.py:18 MoveDirectionality
+upstream: vllm/v1/sample/logits_processor/interface.py:17 MoveDirectionality
 upstream: vllm/v1/sample/logits_processor/interface.py:37 BatchUpdate
 upstream: vllm/v1/sample/logits_processor/interface.py:60 LogitsProcessor
 upstream: vllm/v1/sample/logits_processor/state.py:18 BatchUpdateBuilder
