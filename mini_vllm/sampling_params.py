@@ -179,7 +179,10 @@ class SamplingParams:
     @property
     def skip_reading_prefix_cache(self) -> bool:
         """A request that wants prompt logprobs computes its whole prompt: a cached
-        block has no logits to give (upstream: vllm/sampling_params.py:446)."""
+        block has no logits to give.
+
+        upstream: vllm/sampling_params.py:446 skip_reading_prefix_cache
+        """
         return self.prompt_logprobs is not None
 
     @property

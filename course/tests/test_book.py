@@ -306,3 +306,13 @@ def test_link_checker_passes_a_good_site_and_honours_base_href(tree, tmp_path):
         },
     )
     assert book.check_site(site) == []
+
+
+def test_the_search_index_size_advice_is_a_problem_only_above_the_courses_budget():
+    from course.book import SEARCH_INDEX_BUDGET, _is_problem
+
+    assert not _is_problem("2026 [WARN] (mdbook::search): search index is very large (11186341 bytes)")
+    assert _is_problem(f"[WARN] search index is very large ({SEARCH_INDEX_BUDGET + 1} bytes)")
+    assert _is_problem("[WARN] (mdbook): something else")
+    assert _is_problem("[ERROR] search index is very large (10 bytes)")
+    assert not _is_problem("[INFO] search index is very large (10 bytes)")

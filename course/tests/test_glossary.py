@@ -27,6 +27,8 @@ EMPHASIS = {
     "finished_\\",  # FINISHED_*, a family of status names (see "Request status")
     "suffix", "longest", "earliest", "includes",  # Phase 08: the n-gram rule's stressed words
     "conditional", "per-position",  # Phase 08: the two readings of "Acceptance rate", stressed
+    "and", "both", "prompt included",  # Phase 09: stressed words (prompt AND output, the length)
+    "interface",  # Phase 09: a list label in the logits-processor section
 }
 
 # A term whose wording differs from its glossary heading: term -> heading.
@@ -46,6 +48,10 @@ ALIASES = {
     "running": "Request status",
     "preempted": "Request status",
     "draft acceptance rate": "Acceptance rate",
+    "allowed_token_ids": "Allowed token IDs",  # Phase 09: the SamplingParams field names
+    "bad_words": "Bad words",
+    "min_tokens": "Min tokens",
+    "logit_bias": "Logit bias",
 }
 
 BOLD_RE = re.compile(r"(\[)?\*\*([^*\n]+?)\*\*(\]\()?")
