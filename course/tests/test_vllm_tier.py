@@ -41,6 +41,7 @@ LAB_02_03 = ROOT / "phase-02-paged-attention/labs/lab-03-real-vllm-blocks"
 LAB_03_03 = ROOT / "phase-03-continuous-batching-scheduler/labs/lab-03-prefix-cache-hitrate"
 LAB_06_02 = ROOT / "phase-06-quantization/labs/lab-02-quantize-and-eval"
 LAB_08_02 = ROOT / "phase-08-speculative-decoding/labs/lab-02-eagle-on-real-vllm"
+LAB_09_02 = ROOT / "phase-09-sampling-and-decoding-algorithms/labs/lab-02-parallel-sampling"
 
 GiB = 1 << 30
 KV_CACHE_GIB = 1
@@ -255,6 +256,46 @@ def test_phase_08_ngram_speculation_equals_mini_vllms_on_the_real_cpu_engine():
     metrics = run.impl.parse_metrics_line(theirs["line"])
     assert (metrics.k, round(metrics.mean_acceptance_length, 2)) == (3, 3.80)  # 1 + 14 / 5
     assert metrics.draft_acceptance_rate_pct == 93.3 and not run.impl.reconcile_metrics(metrics)
+
+
+# --------------------------------------------------------------------------- Phase 09 lab-02
+
+
+def test_phase_09_parallel_sampling_hits_what_the_calculator_predicts(real):
+    """n = 4 on the real engine: children 1-3 read the prompt's full blocks that child 0
+    wrote (lab 09-02's calculator, at the engine's block size), and child i samples
+    exactly what a lone request with seed + i samples (upstream's child seeds)."""
+    from vllm import SamplingParams
+    from vllm.v1.metrics.reader import Counter
+
+    calc = import_path(LAB_09_02 / "solution.py")
+    llm, _, _ = real
+    block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    import numpy as np
+
+    prompt = [int(t) for t in np.random.default_rng(9).integers(100, 20_000, size=block_size * 2 + 44)]
+
+    def counters() -> tuple[int, int]:
+        got = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
+        for m in llm.get_metrics():
+            if isinstance(m, Counter) and m.name in got:
+                got[m.name] += int(m.value)
+        return got["vllm:prefix_cache_queries"], got["vllm:prefix_cache_hits"]
+
+    assert llm.reset_prefix_cache()
+    q0, h0 = counters()
+    params = SamplingParams(n=4, temperature=1.0, seed=21, max_tokens=4)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    q1, h1 = counters()
+    hits = calc.expected_hit_tokens(len(prompt), 4, block_size)
+    assert hits == [0] + [2 * block_size] * 3
+    assert (q1 - q0, h1 - h0) == (4 * len(prompt), sum(hits))
+    assert (h1 - h0) / (q1 - q0) == pytest.approx(calc.expected_hit_rate(len(prompt), 4, block_size))
+    children = sorted(out.outputs, key=lambda c: c.index)
+    for child, seed in zip(children, calc.child_seeds(21, 4), strict=True):
+        alone = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
+            temperature=1.0, seed=seed, max_tokens=4), use_tqdm=False)[0].outputs[0]
+        assert child.token_ids == alone.token_ids
 
 
 # --------------------------------------------------------------------------- Phase 03 lab-03
