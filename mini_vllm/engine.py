@@ -69,6 +69,7 @@ class StepStats:
     cudagraph_mode: str = "NONE"  # the step's runtime mode: NONE or PIECEWISE
     expert_loads: tuple[tuple[int, ...], ...] = ()  # MoE: slots per expert, one row per layer
     spec_decoding: SpecDecodingStats | None = None  # drafts verified this step (None: spec off)
+    num_collectives: int = 0  # tensor parallelism: all-reduces + gathers on rank 0 (0 at TP = 1)
 
 
 _MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
@@ -131,6 +132,20 @@ class LLMEngine:
     (``mini_vllm.logits_processor``), run on its logits in upstream's place.
     ``LLM.beam_search`` is upstream's offline beam search over this engine.
 
+    ``tensor_parallel_size=N`` (torch backend, a named dense model) runs the
+    model on N forked worker processes joined by torch.distributed (gloo on
+    the CPU): ``model_executor`` is a ``MultiprocExecutor``, ``model`` a
+    ``TensorParallelModel`` with the usual interface. The scheduler and KV
+    block manager stay here; each worker holds 1/N of the weights (column-
+    and row-parallel linears, vocab-parallel embedding and LM head) and of the
+    paged KV cache (its KV heads), and rank 0 returns the gathered logits.
+    Greedy output equals N = 1's (logits agree to float32 rounding, not bit
+    for bit); ``StepStats.num_collectives`` is 2L + 2 per step. N = 1 is the
+    in-process path, unchanged. Compilation and an FP8 KV cache are refused
+    with N > 1; ``shutdown()`` stops the workers (also at interpreter exit),
+    and a worker's exception or a hung collective becomes ``RuntimeError``.
+    (upstream: vllm/v1/executor/multiproc_executor.py:102 MultiprocExecutor)
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -157,6 +172,7 @@ class LLMEngine:
         speculative_config: dict | SpeculativeConfig | None = None,
         max_logprobs: int = 20,
         logits_processors: list[type[LogitsProcessor]] | tuple = (),
+        tensor_parallel_size: int = 1,
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -181,7 +197,15 @@ class LLMEngine:
             raise ValueError(f"quantization applies to a transformer the engine builds by name with "
                              f"model_backend='numpy', not to {model!r} (backend {model_backend!r}); "
                              f"for a model object, build it with get_model(..., quantization=...)")
-        if model == "toy":
+        self.model_executor = None
+        if _positive_int("tensor_parallel_size", tensor_parallel_size) > 1:
+            self._check_tensor_parallel(model, model_backend, compilation_config, enforce_eager, kv_cache_dtype)
+        if tensor_parallel_size > 1:
+            from mini_vllm.distributed.executor import TensorParallelModel
+
+            self.model = TensorParallelModel(model, tensor_parallel_size, seed=seed, max_model_len=max_model_len)
+            self.model_executor = self.model.executor
+        elif model == "toy":
             self.model = ToyModel(seed=seed, **({"max_model_len": max_model_len} if max_model_len else {}))
         elif isinstance(model, str):
             from mini_vllm.models import get_model
@@ -225,6 +249,29 @@ class LLMEngine:
         self.num_steps = 0
         self._num_added = 0
         self._generators: dict[str, np.random.Generator] = {}
+
+    @staticmethod
+    def _check_tensor_parallel(model, model_backend, compilation_config, enforce_eager, kv_cache_dtype) -> None:
+        """What ``tensor_parallel_size > 1`` cannot combine with, refused before any process starts."""
+        from mini_vllm.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
+
+        if model_backend != "torch":
+            raise ValueError(f"tensor_parallel_size > 1 needs model_backend='torch' (the workers run the "
+                             f"torch model), got model_backend={model_backend!r}")
+        config = CompilationConfig.from_any(compilation_config)
+        if not enforce_eager and (config.mode != CompilationMode.NONE
+                                  or config.cudagraph_mode != CUDAGraphMode.NONE):
+            raise ValueError("tensor_parallel_size > 1 runs eagerly: compilation_config must leave mode "
+                             "and cudagraph_mode at NONE (or pass enforce_eager=True)")
+        if kv_cache_dtype != "auto":
+            raise ValueError(f"tensor_parallel_size > 1 keeps a float32 KV cache: kv_cache_dtype must be "
+                             f"'auto', got {kv_cache_dtype!r}")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (idempotent; a no-op at ``tensor_parallel_size=1``).
+        Also runs at interpreter exit; after it, ``step()`` raises ``RuntimeError``."""
+        if self.model_executor is not None:
+            self.model_executor.shutdown()
 
     def _build_logits_processors(self, classes) -> list[LogitsProcessor]:
         """One instance of each class, built as upstream builds custom processors
@@ -405,7 +452,7 @@ class LLMEngine:
             raise RuntimeError("the scheduler scheduled nothing while requests wait: this is a bug")
 
         sampled: dict[str, int | list[int]] = {}
-        num_decode = kv_rows_read = padded = 0
+        num_decode = kv_rows_read = padded = num_collectives = 0
         spec_stats = None
         graph_mode = "NONE"
         expert_loads = ()
@@ -426,6 +473,7 @@ class LLMEngine:
             if backend is not None:
                 kv_rows_read = backend.kv_rows_read
             padded = getattr(self.model, "last_padded_tokens", 0)
+            num_collectives = getattr(self.model, "last_num_collectives", 0)
             loads = getattr(self.model, "last_expert_loads", None)
             if loads is not None:
                 expert_loads = tuple(tuple(row) for row in loads.tolist())
@@ -486,6 +534,7 @@ class LLMEngine:
             cudagraph_mode=graph_mode,
             expert_loads=expert_loads,
             spec_decoding=spec_stats,
+            num_collectives=num_collectives,
         ))
         return finished
 
