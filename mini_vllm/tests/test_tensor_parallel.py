@@ -137,7 +137,7 @@ def test_bad_tensor_parallel_values(kw, match):
     before = children_alive()
     with pytest.raises(ValueError, match=match):
         LLMEngine(**kw)
-    assert children_alive() == before  # refused before any worker was forked
+    assert children_alive() <= before  # refused before any worker was forked: nothing new
 
 
 def test_worker_exception_becomes_runtime_error(runs):
