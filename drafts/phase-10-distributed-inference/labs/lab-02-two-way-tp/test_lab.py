@@ -82,6 +82,20 @@ def test_qkv_columns_at_tp4_replicate_each_kv_head_on_two_neighbours():
     assert k_heads == [0, 0, 1, 1]
 
 
+def test_qkv_columns_with_several_kv_heads_per_rank():
+    # 8 query heads over 4 KV heads of 8: q_size 64, kv_size 32. At TP = 2 rank 1 keeps
+    # query heads 4..7 (32..63) and KV heads 2, 3: K 64 + 16..31 = 80..95, V 96 + 16..31 = 112..127
+    gqa = replace(CONFIG, num_attention_heads=8, num_key_value_heads=4, head_dim=8)
+    assert impl.qkv_columns(gqa, 1, 2).tolist() == (list(range(32, 64)) + list(range(80, 96))
+                                                    + list(range(112, 128)))
+    weights = random_weights(gqa, seed=5)
+    for tp_size in (2, 4, 8):  # 2 and 1 KV heads per rank, then 2 replicas of each
+        for rank in range(tp_size):
+            assert_same_shards(impl.shard_weights(weights, gqa, rank, tp_size),
+                               reference.shard_weights(weights, gqa, rank, tp_size),
+                               f"8 heads / 4 KV heads, rank {rank} of {tp_size}")
+
+
 @pytest.mark.parametrize("rank, tp_size, match", [
     (0, 3, r"tp_size must divide num_attention_heads \(4\)"),   # 4 heads do not split 3 ways
     (0, 8, r"tp_size must divide num_attention_heads \(4\)"),   # more ranks than query heads
@@ -254,6 +268,9 @@ def test_max_kv_blocks_per_rank_and_the_impossible_28500():
     assert impl.max_kv_blocks_per_rank(24 * 10 ** 9, 2 * block, 0.8, int(2.4 * GIB), 2 * GIB) == 4_601
     assert impl.max_kv_blocks_per_rank(10, 5) == 2 and impl.max_kv_blocks_per_rank(10, 3) == 3
     assert impl.max_kv_blocks_per_rank(100, 10, 0.5, 20, 10) == 2  # 50 - 30 = 20 B -> 2 blocks
+    # a positive budget smaller than one block is 0 blocks, not the "no memory" error
+    # (upstream, too, starts the check with available_memory <= 0)
+    assert impl.max_kv_blocks_per_rank(10, 5, 0.5, 4) == 0
 
 
 @pytest.mark.parametrize("args, kwargs, match", [

@@ -30,12 +30,14 @@ def test_payload_is_one_activation_row_per_token():
     # a batch of 3 tokens at hidden 10 in fp32: every factor counts once
     assert impl.allreduce_payload_bytes(3, 10, 4) == 120
     assert isinstance(impl.allreduce_payload_bytes(3, 10, 4), int)
+    assert impl.allreduce_payload_bytes(1, 1, 1) == 1          # every lower bound is 1, inclusive
 
 
 def test_ring_traffic_formula():
     p = 8192.0
     # 2 (N - 1) / N: 0 at N = 1, exactly one payload at N = 2, 1.5 at 4, 1.75 at 8
     assert impl.ring_allreduce_traffic_per_rank(p, 1) == 0.0
+    assert impl.ring_allreduce_traffic_per_rank(0, 4) == 0.0      # an empty payload is allowed
     assert impl.ring_allreduce_traffic_per_rank(p, 2) == p
     assert impl.ring_allreduce_traffic_per_rank(p, 4) == 1.5 * p
     assert impl.ring_allreduce_traffic_per_rank(p, 8) == 1.75 * p
@@ -162,6 +164,7 @@ def test_custom_needs_16_byte_multiples_and_contiguity():
     assert impl.choose_allreduce(8192 + 16, 2, True) == "custom"
     assert impl.choose_allreduce(8192, 2, True, contiguous=False) == "nccl"
     assert impl.choose_allreduce(0, 2, True) == "custom"                 # 0 % 16 == 0 and 0 < 8 MiB
+    assert impl.choose_allreduce(0, 2, True, max_size=1) == "custom"     # max_size 1 is allowed
 
 
 def test_one_rank_needs_no_allreduce():
@@ -179,6 +182,9 @@ def test_fit_alpha_beta_recovers_a_line_exactly():
     assert got[0] == pytest.approx(alpha, rel=1e-9) and got[1] == pytest.approx(beta, rel=1e-9)
     # two points define the line; the order of the samples does not matter
     got = impl.fit_alpha_beta([(2000, 3e-3), (1000, 2e-3)])
+    assert got[0] == pytest.approx(1e-3, rel=1e-9) and got[1] == pytest.approx(1e-6, rel=1e-9)
+    # an empty message (nbytes 0) is a valid sample: it measures alpha alone
+    got = impl.fit_alpha_beta([(0, 1e-3), (1000, 2e-3)])
     assert got[0] == pytest.approx(1e-3, rel=1e-9) and got[1] == pytest.approx(1e-6, rel=1e-9)
 
 
@@ -200,8 +206,12 @@ def test_bad_inputs_name_the_parameter():
         impl.allreduce_payload_bytes(0, HIDDEN)
     with pytest.raises(ValueError, match="hidden_size"):
         impl.allreduce_payload_bytes(1, 4096.0)
+    with pytest.raises(ValueError, match="hidden_size must be an integer >= 1"):
+        impl.allreduce_payload_bytes(1, 0)
     with pytest.raises(ValueError, match="dtype_bytes"):
         impl.allreduce_payload_bytes(1, HIDDEN, True)
+    with pytest.raises(ValueError, match="dtype_bytes must be an integer >= 1"):
+        impl.allreduce_payload_bytes(1, HIDDEN, 0)
     with pytest.raises(ValueError, match="world_size must be an integer >= 1"):
         impl.ring_allreduce_traffic_per_rank(8192, 0)
     with pytest.raises(ValueError, match="payload_bytes"):
@@ -226,7 +236,11 @@ def test_bad_inputs_name_the_parameter():
         impl.choose_allreduce(16, 2, True, max_size=0)
     with pytest.raises(ValueError, match="at least two distinct nbytes"):
         impl.fit_alpha_beta([(4096, 1e-3), (4096, 2e-3)])
-    with pytest.raises(ValueError, match="samples"):
-        impl.fit_alpha_beta([(4096, 1e-3, 0)])
+    with pytest.raises(ValueError, match="samples must be .nbytes, seconds. pairs"):
+        impl.fit_alpha_beta([(4096, 1e-3, 0), (8192, 2e-3, 0)])
+    with pytest.raises(ValueError, match="pairs of finite numbers"):
+        impl.fit_alpha_beta([(4096, 1e-3), (8192, float("inf"))])
     with pytest.raises(ValueError, match="seconds > 0"):
         impl.fit_alpha_beta([(4096, 1e-3), (8192, 0.0)])
+    with pytest.raises(ValueError, match="nbytes >= 0"):
+        impl.fit_alpha_beta([(-4096, 1e-3), (8192, 2e-3)])

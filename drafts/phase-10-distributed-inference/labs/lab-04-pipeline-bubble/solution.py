@@ -112,19 +112,20 @@ def min_microbatches_for_bubble(p: int, budget: float) -> int:
 
     p: integer >= 1. budget: real in (0, 1). For p = 8 and a 10% budget:
     7 / (7 + m) <= 0.1 needs m >= 63. The answer must agree exactly with
-    ``bubble_fraction``'s own float comparison (a closed form passed through
-    ``ceil`` can land one too high or too low on a float rounding).
+    ``bubble_fraction``'s own float comparison (``ceil`` of the closed form
+    lands one too high on some float roundings), and must come in a few
+    steps even when it is huge: p = 8 at a budget of 1e-9 needs
+    6,999,999,993 micro-batches, too many to count up to.
 
     Raises ValueError naming ``p`` or ``budget``.
     """
     p = _check_int(p, "p", 1)
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real) or not 0 < budget < 1:
         raise ValueError(f"budget must be a number in (0, 1), got {budget!r}")
-    # (p - 1) / (p - 1 + m) <= budget  <=>  m >= (p - 1) (1 - budget) / budget
-    m = max(1, int(np.ceil((p - 1) * (1 - budget) / budget)))
-    # the closed form is only a starting point: settle it on the float comparison
-    while m > 1 and bubble_fraction(p, m - 1) <= budget:
-        m -= 1
+    # (p - 1) / (p - 1 + m) <= budget  <=>  m >= (p - 1) (1 - budget) / budget.
+    # The float value of the right side is off by far less than 1, so its floor is
+    # never above the answer: start there and step up on the float comparison.
+    m = max(1, int(np.floor((p - 1) * (1 - budget) / budget)))
     while bubble_fraction(p, m) > budget:
         m += 1
     return m

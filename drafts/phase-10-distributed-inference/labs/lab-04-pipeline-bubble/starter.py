@@ -107,8 +107,10 @@ def min_microbatches_for_bubble(p: int, budget: float) -> int:
 
     p: integer >= 1. budget: real in (0, 1). For p = 8 and a 10% budget:
     7 / (7 + m) <= 0.1 needs m >= 63. The answer must agree exactly with
-    ``bubble_fraction``'s own float comparison (a closed form passed through
-    ``ceil`` can land one too high or too low on a float rounding).
+    ``bubble_fraction``'s own float comparison (``ceil`` of the closed form
+    lands one too high on some float roundings), and must come in a few
+    steps even when it is huge: p = 8 at a budget of 1e-9 needs
+    6,999,999,993 micro-batches, too many to count up to.
 
     Raises ValueError naming ``p`` or ``budget``.
     """

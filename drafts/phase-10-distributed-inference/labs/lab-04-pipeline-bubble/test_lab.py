@@ -82,11 +82,21 @@ def test_min_microbatches_agrees_with_the_float_comparison():
     # 7 x (1 - 0.7) / 0.7 gives ceil 4, while 7 / (7 + 3) = 0.7 <= 0.7 holds
     assert impl.min_microbatches_for_bubble(4, 0.2) == 12
     assert impl.min_microbatches_for_bubble(8, 0.7) == 3
+    # 19 x 0.05 / 0.95 is 1.0000000000000002 (ceil 2), while 19 / 20 = 0.95 meets 0.95
+    assert impl.min_microbatches_for_bubble(20, 0.95) == 1
     for p in (2, 3, 4, 8, 16):
         for budget in (0.05, 0.1, 0.2, 0.3, 0.7):
             m = impl.min_microbatches_for_bubble(p, budget)
             assert impl.bubble_fraction(p, m) <= budget, (p, budget)
             assert m == 1 or impl.bubble_fraction(p, m - 1) > budget, (p, budget)
+
+
+def test_min_microbatches_is_computed_not_counted():
+    # 7 / (7 + m) <= 1e-9 needs m = 6,999,999,993 (7 / 7,000,000,000 = 1e-9 exactly in
+    # float64); counting up from m = 1 would take hours, the closed form a few steps
+    m = impl.min_microbatches_for_bubble(8, 1e-9)
+    assert m == 6_999_999_993
+    assert impl.bubble_fraction(8, m) <= 1e-9 < impl.bubble_fraction(8, m - 1)
 
 
 # ---------------------------------------------------------------- vLLM's pieces
@@ -142,10 +152,14 @@ def test_bad_inputs_name_the_parameter():
         impl.pp_layer_range(8, 4, 4)
     with pytest.raises(ValueError, match="pp_rank"):
         impl.pp_layer_range(8, -1, 4)
+    with pytest.raises(ValueError, match="pp_size must be an integer >= 1"):
+        impl.pp_layer_range(8, 0, 0)
     with pytest.raises(ValueError, match="pp_size"):
         impl.max_concurrent_batches(0, True)
     with pytest.raises(ValueError, match="tp_size"):
         impl.output_rank(0, 4)
+    with pytest.raises(ValueError, match="pp_size must be an integer >= 1"):
+        impl.output_rank(8, 0)
     with pytest.raises(ValueError, match="pcp_size"):
         impl.output_rank(8, 4, pcp_size=0)
     x = np.zeros((4, 3))
@@ -167,6 +181,13 @@ def test_single_stage_pipeline_is_the_model():
     res = impl.pipeline_forward(0, 1, layers, x, 2)
     assert res["layers"] == (0, 3) and res["sent"] == 0 and res["received"] == 0
     np.testing.assert_array_equal(res["output"], impl.apply_layers(layers, x))
+    # one micro-batch, and one per token (6 tokens of width 4: more tokens than width),
+    # from a nested list: any m in [1, tokens] and anything np.asarray makes float64
+    small = impl.make_mlp_stack(2, 4, seed=4)
+    x6 = np.random.default_rng(5).standard_normal((6, 4))
+    for m in (1, 6):
+        res = impl.pipeline_forward(0, 1, small, x6.tolist(), m)
+        np.testing.assert_allclose(res["output"], impl.apply_layers(small, x6), rtol=0, atol=1e-12)
 
 
 def test_real_two_stage_pipeline_over_gloo_equals_the_unsplit_model():
