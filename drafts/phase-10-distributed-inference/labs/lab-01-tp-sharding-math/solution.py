@@ -424,7 +424,7 @@ def qkv_head_split(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) -
         if tp_size % num_kv_heads:
             raise ValueError(f"tp_size {tp_size} must be a multiple of num_kv_heads {num_kv_heads}")
         replicas = tp_size // num_kv_heads
-        kv_heads = [rank // replicas]  # consecutive ranks share one KV head
+        kv_heads = [int(rank) // replicas]  # consecutive ranks share one KV head
     else:
         if num_kv_heads % tp_size:
             raise ValueError(f"tp_size {tp_size} must divide num_kv_heads {num_kv_heads}")

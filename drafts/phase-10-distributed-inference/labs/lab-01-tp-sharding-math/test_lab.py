@@ -200,8 +200,8 @@ def test_head_split_refusals_name_the_parameter():
         impl.qkv_head_split(4, 2, 3, 0)  # 4 query heads over 3 ranks
     with pytest.raises(ValueError, match="tp_size"):
         impl.qkv_head_split(12, 4, 6, 0)  # 6 ranks, 4 KV heads: not a whole number of replicas
-    with pytest.raises(ValueError, match="tp_size"):
-        impl.qkv_head_split(12, 6, 4, 0)  # 6 KV heads over 4 ranks
+    with pytest.raises(ValueError, match="tp_size.*num_kv_heads"):
+        impl.qkv_head_split(12, 6, 4, 0)  # 6 KV heads over 4 ranks: say which count it must divide
     with pytest.raises(ValueError, match="num_kv_heads"):
         impl.qkv_head_split(6, 4, 2, 0)
     with pytest.raises(ValueError, match="num_kv_heads"):
@@ -210,6 +210,10 @@ def test_head_split_refusals_name_the_parameter():
         impl.qkv_head_split(0, 1, 1, 0)
     with pytest.raises(ValueError, match="rank"):
         impl.qkv_head_split(4, 2, 4, 4)
+    # numpy integers are accepted and come back as Python ints
+    split = impl.qkv_head_split(np.int64(4), np.int64(2), np.int64(4), np.int64(3))
+    assert split == ([3], [1], 2)
+    assert type(split.num_kv_head_replicas) is int and all(type(h) is int for h in split.kv_heads)
 
 
 # ---------------------------------------------------------------- world of one (no process group)
@@ -262,8 +266,12 @@ def test_layer_bad_inputs_name_the_parameter():
         impl.vocab_parallel_embedding(torch.tensor([0, -1]), E, 0, 5)
     with pytest.raises(ValueError, match="E_shard"):
         impl.vocab_parallel_embedding(torch.tensor([0, 1]), E, 0, 4)
-    with pytest.raises(ValueError, match="start"):
+    # the message starts with the parameter: "E_shard must have end - start = 0 rows" names
+    # E_shard, not start
+    with pytest.raises(ValueError, match="^start"):
         impl.vocab_parallel_embedding(torch.tensor([0, 1]), E, 5, 5)
+    with pytest.raises(ValueError, match="^start"):
+        impl.vocab_parallel_embedding(torch.tensor([0, 1]), E, -2, 3)  # 5 rows, but start < 0
 
 
 # ---------------------------------------------------------------- against upstream's own code

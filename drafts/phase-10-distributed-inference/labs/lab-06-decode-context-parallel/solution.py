@@ -320,6 +320,8 @@ def cp_lse_ag_out_ar(cp_attn_out, cp_attn_lse, group=None, return_lse: bool = Fa
     two collectives: one ``dist.all_gather`` of the ``[B, H]`` LSEs (never the
     outputs), then ``correct_attn_out`` with this rank's index *in the group*,
     then one ``dist.all_reduce`` (sum) of the corrected ``[B, H, D]`` outputs.
+    Call them through the module, as ``dist.all_gather(...)``: the tests count
+    the calls there.
     A group of one rank returns its inputs (as float64) with no collective.
 
     Returns float64 ``out`` ``[B, H, D]``, the attention over every rank's

@@ -97,7 +97,8 @@ CASES = [
     # scores near +-1000 (q spread 500): exp(score) overflows float64 past 709
     make_case("world_loud", range(4), 5, 13, 2, 4, [1, 0], 2, spread=500.0),
     # a group of one rank: no collective at all
-    make_case("solo3", (3,), 6, 5, 1, 4, [0, 1], 2),
+    # (8 tokens fill both entries of its table exactly: the largest seq_len the table allows)
+    make_case("solo3", (3,), 6, 8, 1, 4, [0, 1], 2),
 ]
 COLLECTIVES = ("all_gather", "all_reduce", "all_gather_into_tensor", "broadcast", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
@@ -152,6 +153,23 @@ def _world_body(rank, world_size, cases):
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+    if rank == 3:  # bad calls, refused before any collective (group of one: nobody waits)
+        case = case_named("solo3")
+        kc, vc = fill_cache(case["k"], case["v"], case["table"], case["num_blocks"], 4, 1, 0, 1)
+        bad_calls = {
+            "seq_len": (kc, vc, 9, 1), "seq_len ": (kc, vc, -1, 1),
+            "key_cache": (kc[0], vc[0], 3, 1), "value_cache": (kc, vc[:1], 3, 1),
+            "interleave_size": (kc, vc, 3, 3),
+        }
+        errors = {}
+        for name, (k_c, v_c, length, size) in bad_calls.items():
+            try:
+                impl.dcp_decode_attention(case["q"], k_c, v_c, case["table"], length, SCALE, size,
+                                          group=handles[(3,)])
+                errors[name] = "no error"
+            except ValueError as exc:
+                errors[name] = str(exc)
+        results["decode_errors"] = errors
     if rank == 3:  # not a member of [0, 1, 2]: refused before any collective
         try:
             impl.cp_lse_ag_out_ar(out, lse, handles[(0, 1, 2)])
@@ -203,6 +221,9 @@ def test_kv_copies_of_the_deployment_guide_cases():
     # tiny-random (2 KV heads) at TP 4: 2 copies, DCP 2 -> 1
     assert impl.kv_copies(4, 2) == 2 and impl.kv_copies(4, 2, 2) == 1
     assert isinstance(impl.kv_copies(8, 4, 2), int)
+    # one rank holds everything once; MLA at TP 2 with DCP 2: once
+    assert impl.kv_copies(1, 8) == 1 and impl.kv_copies(1, 1, use_mla=True) == 1
+    assert impl.kv_copies(2, 1, 2, use_mla=True) == 1
 
 
 def test_kv_copies_refuses_what_cannot_split():
@@ -486,6 +507,14 @@ def test_return_lse_false_returns_the_output_alone(world):
         kind, plain = world[rank]["plain"]
         assert kind == "ndarray" and plain.shape == (3, HEADS, DIM)
         np.testing.assert_allclose(plain, want, rtol=0, atol=1e-12)
+
+
+def test_decode_attention_refuses_bad_caches_and_lengths(world):
+    # table [0, 1] with block size 4 on one rank covers positions 0..7: 8 is allowed (the
+    # solo3 case above), 9 is not; -1 is not a length; a 3-D cache and a value cache of
+    # another shape are refused, and so is an interleave size of 3 for blocks of 4
+    for name, message in world[3]["decode_errors"].items():
+        assert name.strip() in message, (name, message)
 
 
 def test_a_rank_outside_the_group_is_refused(world):
