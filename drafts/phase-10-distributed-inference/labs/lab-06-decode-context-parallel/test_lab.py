@@ -159,7 +159,7 @@ def _world_body(rank, world_size, cases):
         bad_calls = {
             "seq_len": (kc, vc, 9, 1), "seq_len ": (kc, vc, -1, 1),
             "key_cache": (kc[0], vc[0], 3, 1), "value_cache": (kc, vc[:1], 3, 1),
-            "interleave_size": (kc, vc, 3, 3),
+            "interleave_size": (kc, vc, 3, 3), "interleave_size ": (kc, vc, 3, 0),
         }
         errors = {}
         for name, (k_c, v_c, length, size) in bad_calls.items():
@@ -170,6 +170,9 @@ def _world_body(rank, world_size, cases):
             except ValueError as exc:
                 errors[name] = str(exc)
         results["decode_errors"] = errors
+        # an empty context (seq_len 0) is allowed: no keys, output 0, LSE -inf
+        results["empty_context"] = impl.dcp_decode_attention(
+            case["q"], kc, vc, case["table"], 0, SCALE, 1, group=handles[(3,)])
     if rank == 3:  # not a member of [0, 1, 2]: refused before any collective
         try:
             impl.cp_lse_ag_out_ar(out, lse, handles[(0, 1, 2)])
@@ -387,6 +390,11 @@ def test_correct_attn_out_by_hand():
     total = math.exp(-2.0) + 1.0 + math.exp(-1.0)
     np.testing.assert_allclose(out[0, :, 0], [1 / 3, 1.0 / total], rtol=0, atol=1e-15)
     np.testing.assert_allclose(lse[0, 1], math.log(total), rtol=0, atol=1e-15)
+    # array-likes are accepted: nested lists give the same float64 answer
+    out_l, lse_l = impl.correct_attn_out([[[1.0], [1.0]]], lses.tolist(), 1)
+    assert out_l.dtype == np.float64 and lse_l.dtype == np.float64
+    np.testing.assert_array_equal(out_l, out)
+    np.testing.assert_array_equal(lse_l, lse)
 
 
 def test_correct_attn_out_gives_empty_ranks_weight_zero():
@@ -515,6 +523,9 @@ def test_decode_attention_refuses_bad_caches_and_lengths(world):
     # another shape are refused, and so is an interleave size of 3 for blocks of 4
     for name, message in world[3]["decode_errors"].items():
         assert name.strip() in message, (name, message)
+    out, lse = world[3]["empty_context"]
+    assert out.tolist() == np.zeros((3, HEADS, DIM)).tolist()
+    assert lse.shape == (3, HEADS) and (lse == -np.inf).all()
 
 
 def test_a_rank_outside_the_group_is_refused(world):
@@ -550,6 +561,10 @@ def test_bad_arguments_name_the_parameter():
         impl.slot_mapping([0], [0], 4, 2, 0, 3)  # does not divide block size 4
     with pytest.raises(ValueError, match="interleave_size"):
         impl.slot_mapping([0], [0], 4, 2, 0, 8)  # larger than the block
+    with pytest.raises(ValueError, match="interleave_size"):
+        impl.slot_mapping([0], [0], 4, 2, 0, 0)
+    with pytest.raises(ValueError, match="positions"):
+        impl.slot_mapping([[0, 1]], [0], 4, 2, 0)  # one request's positions: 1-D
     with pytest.raises(ValueError, match="positions"):
         impl.slot_mapping([16], [0, 1], 4, 2, 0)  # 2 entries cover positions 0..15 only
     with pytest.raises(ValueError, match="block_table"):
