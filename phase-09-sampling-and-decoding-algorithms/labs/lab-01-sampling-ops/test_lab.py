@@ -538,3 +538,29 @@ def test_bad_words_agree_with_vllms_apply_bad_words():
     got = impl.apply_bad_words(np.zeros((B, V)), words, outputs)
     np.testing.assert_array_equal(got, want)
     assert 0.1 < np.isinf(want).mean() < 0.6
+
+
+def test_a_temperature_of_exactly_sampling_eps_samples():
+    # Upstream's rule is `temperature < _SAMPLING_EPS` -> greedy, so 1e-5 itself is a sampling
+    # row: it is divided by 1e-5 (not by 1.0), its distribution is not the one-hot, and its
+    # generator is advanced by exactly one draw.
+    logits = rows_of([1e-5, 0.0, -1e-5])
+    assert impl.apply_temperature(logits, [impl.SAMPLING_EPS]).tolist() == [[1.0, 0.0, -1.0]]
+    md = impl.make_metadata([{"temperature": impl.SAMPLING_EPS}])
+    probs = impl.sampling_probs(logits, md)
+    e = np.exp(np.array([1.0, 0.0, -1.0]) - 1.0)
+    assert np.allclose(probs[0], e / e.sum(), rtol=1e-12)
+    gen = np.random.default_rng(5)
+    impl.sample(logits, md, [gen])
+    fresh = np.random.default_rng(5)
+    fresh.random()
+    assert gen.random() == fresh.random()
+
+
+def test_a_sampling_row_without_a_generator_is_refused_and_a_greedy_row_needs_none():
+    logits = rows_of([0.0, 1.0], [2.0, 0.0])
+    md = impl.make_metadata([{"temperature": 0.0}, {"temperature": 1.0}])
+    with pytest.raises(ValueError, match=r"generators: row 1 samples and needs a np.random.Generator"):
+        impl.sample(logits, md, [np.random.default_rng(0), None])
+    # The greedy row's entry is never used, so None is fine there.
+    assert impl.sample(logits, md, [None, np.random.default_rng(0)])[0] == 1

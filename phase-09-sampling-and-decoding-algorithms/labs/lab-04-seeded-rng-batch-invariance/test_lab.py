@@ -499,3 +499,15 @@ def test_inputs_are_not_modified():
     logits = LOGITS_A[:2].copy()
     s.sample(["a", "b"], logits)
     np.testing.assert_array_equal(logits, LOGITS_A[:2])
+
+
+def test_a_temperature_of_exactly_sampling_eps_is_a_seeded_random_row():
+    # Upstream: temperature < _SAMPLING_EPS is greedy, so 1e-5 itself samples: the seeded
+    # request gets its generator, and that generator (not the shared one) moves by one row.
+    s = impl.SeededBatchSampler(seed=0)
+    s.add_request("edge", impl.SAMPLING_EPS, seed=4)
+    assert set(s.generators_for(["edge"])) == {0}
+    before = state(s.shared)
+    s.sample(["edge"], np.array([[0.0, 1e-5, 2e-5]]))
+    assert state(s.shared) == before
+    assert state(s.generators_for(["edge"])[0]) == advanced(4, 3)
