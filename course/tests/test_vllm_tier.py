@@ -258,6 +258,17 @@ def test_phase_08_ngram_speculation_equals_mini_vllms_on_the_real_cpu_engine():
     assert metrics.draft_acceptance_rate_pct == 93.3 and not run.impl.reconcile_metrics(metrics)
 
 
+def _prefix_cache_counters(llm) -> tuple[int, int]:
+    """vLLM's prefix-cache (queries, hits) counters so far, summed over engines."""
+    from vllm.v1.metrics.reader import Counter
+
+    got = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
+    for m in llm.get_metrics():
+        if isinstance(m, Counter) and m.name in got:
+            got[m.name] += int(m.value)
+    return got["vllm:prefix_cache_queries"], got["vllm:prefix_cache_hits"]
+
+
 # --------------------------------------------------------------------------- Phase 09 lab-02
 
 
@@ -266,7 +277,6 @@ def test_phase_09_parallel_sampling_hits_what_the_calculator_predicts(real):
     wrote (lab 09-02's calculator, at the engine's block size), and child i samples
     exactly what a lone request with seed + i samples (upstream's child seeds)."""
     from vllm import SamplingParams
-    from vllm.v1.metrics.reader import Counter
 
     calc = import_path(LAB_09_02 / "solution.py")
     llm, _, _ = real
@@ -275,18 +285,11 @@ def test_phase_09_parallel_sampling_hits_what_the_calculator_predicts(real):
 
     prompt = [int(t) for t in np.random.default_rng(9).integers(100, 20_000, size=block_size * 2 + 44)]
 
-    def counters() -> tuple[int, int]:
-        got = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
-        for m in llm.get_metrics():
-            if isinstance(m, Counter) and m.name in got:
-                got[m.name] += int(m.value)
-        return got["vllm:prefix_cache_queries"], got["vllm:prefix_cache_hits"]
-
     assert llm.reset_prefix_cache()
-    q0, h0 = counters()
+    q0, h0 = _prefix_cache_counters(llm)
     params = SamplingParams(n=4, temperature=1.0, seed=21, max_tokens=4)
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
-    q1, h1 = counters()
+    q1, h1 = _prefix_cache_counters(llm)
     hits = calc.expected_hit_tokens(len(prompt), 4, block_size)
     assert hits == [0] + [2 * block_size] * 3
     assert (q1 - q0, h1 - h0) == (4 * len(prompt), sum(hits))
@@ -302,8 +305,6 @@ def test_phase_09_parallel_sampling_hits_what_the_calculator_predicts(real):
 
 
 def test_prefix_cache_hits_are_what_the_phase_03_calculator_predicts(real):
-    from vllm.v1.metrics.reader import Counter
-
     calc = import_path(LAB_03_03 / "solution.py")
     llm, _, _ = real
     tok = llm.get_tokenizer()
@@ -312,17 +313,10 @@ def test_prefix_cache_hits_are_what_the_phase_03_calculator_predicts(real):
     prompts = [system + tok.encode(f"\n\nQuestion {i}: what is {i}+{i}?", add_special_tokens=False)
                for i in range(8)]
 
-    def counters() -> tuple[int, int]:
-        got = {"vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
-        for m in llm.get_metrics():
-            if isinstance(m, Counter) and m.name in got:
-                got[m.name] += int(m.value)
-        return got["vllm:prefix_cache_queries"], got["vllm:prefix_cache_hits"]
-
     assert llm.reset_prefix_cache()
-    q0, h0 = counters()
+    q0, h0 = _prefix_cache_counters(llm)
     _generate(llm, prompts, 2)
-    q1, h1 = counters()
+    q1, h1 = _prefix_cache_counters(llm)
     predicted = calc.prefix_cache_hits(prompts, block_size)
     assert predicted == [0] + [384] * 7  # 448 shared tokens = 3 full blocks of 128 + a partial
     assert (q1 - q0, h1 - h0) == (sum(len(p) for p in prompts), sum(predicted))
