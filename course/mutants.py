@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import dataclasses
 import hashlib
 import importlib
@@ -457,6 +458,23 @@ def generate_mutants(solution_source: str, learner_names: set[str]) -> list[Gene
         if qualname in learner_names:
             gen.function_body(qualname, fn)
     return gen.found
+
+
+def unique_ids(mutants: list[GeneratedMutant]) -> list[GeneratedMutant]:
+    """The same mutants, each with an id of its own.
+
+    An id names the function, the line and column where the mutated node starts, and the
+    operator change. Nested nodes of one left-associative chain (``a * b * c``) start at the same
+    column, so two different mutants can share an id; the second and later ones get ``@2``,
+    ``@3``, ... in source order. A lab with no such chain keeps every id it had, so its recorded
+    verdicts and its ``equivalent.txt`` stay valid.
+    """
+    seen: collections.Counter[str] = collections.Counter()
+    out: list[GeneratedMutant] = []
+    for g in mutants:
+        seen[g.id] += 1
+        out.append(g if seen[g.id] == 1 else dataclasses.replace(g, id=f"{g.id}@{seen[g.id]}"))
+    return out
 
 
 def read_equivalent(lab: pathlib.Path, root: pathlib.Path) -> dict[str, str]:
@@ -965,7 +983,7 @@ def collect(root: pathlib.Path, labs: list[pathlib.Path], generated: bool, max_g
                 report.problems.append(f"cannot read starter.py / solution.py: {exc}")
                 names = set()
             if names:
-                gen = generate_mutants(solution_src, names)
+                gen = unique_ids(generate_mutants(solution_src, names))
                 report.generated = len(gen)
                 equivalent = read_equivalent(lab, root)
                 known = {g.id for g in gen}
@@ -1010,8 +1028,8 @@ def use_ledger(lab: pathlib.Path, report: LabReport, found: list[tuple[MutantRes
         return None
     recorded: dict[str, str] = entry.get("verdicts", {})
     names = [found[j][0].name for j in pending]
-    # Two generated mutants can share an id (the same operator at the same place, nested); a
-    # record keyed by id cannot tell them apart, so such a lab is graded in full.
+    # ids are unique (unique_ids); a hand-written mutants/ folder cannot repeat a file name
+    # either, but a record keyed by id must never pair one verdict with two mutants.
     if len(names) != len(set(names)) or set(recorded) != set(names):
         return None
     sample = set(spot_sample(report, pending))

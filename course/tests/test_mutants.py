@@ -220,6 +220,21 @@ def test_generated_ids_are_stable_and_unique():
     assert len({m.source for m in first}) == len(first)
 
 
+def test_nested_chains_get_ids_of_their_own_and_other_ids_do_not_move():
+    # a * b * c * d nests three Mult nodes that all start at column 11
+    src = "def f(a, b, c, d):\n    return a * b * c * d + a\n"
+    raw = mutants.generate_mutants(src, {"f"})
+    named = mutants.unique_ids(raw)
+    ids = [m.id for m in named]
+    assert len(set(ids)) == len(ids)
+    assert [m.source for m in named] == [m.source for m in raw]
+    chain = [i for i in ids if i.startswith("f:2:11:Mult->Div")]
+    assert chain == ["f:2:11:Mult->Div", "f:2:11:Mult->Div@2", "f:2:11:Mult->Div@3"]
+    # an id that was unique before keeps its name, so recorded verdicts stay valid
+    assert [r.id for r in raw if [x.id for x in raw].count(r.id) == 1] == [
+        n.id for n, r in zip(named, raw) if [x.id for x in raw].count(r.id) == 1]
+
+
 def test_generated_operator_families_on_a_small_function():
     src = (
         "def f(a, b, flag):\n"
