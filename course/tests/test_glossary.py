@@ -29,6 +29,7 @@ EMPHASIS = {
     "conditional", "per-position",  # Phase 08: the two readings of "Acceptance rate", stressed
     "and", "both", "prompt included",  # Phase 09: stressed words (prompt AND output, the length)
     "interface",  # Phase 09: a list label in the logits-processor section
+    "dp for a dense model", "dp for an moe model", "ep itself",  # Phase 10: paragraph labels
 }
 
 # A term whose wording differs from its glossary heading: term -> heading.
@@ -52,6 +53,7 @@ ALIASES = {
     "bad_words": "Bad words",
     "min_tokens": "Min tokens",
     "logit_bias": "Logit bias",
+    "vllm's custom all-reduce": "Custom all-reduce",  # Phase 10
 }
 
 BOLD_RE = re.compile(r"(\[)?\*\*([^*\n]+?)\*\*(\]\()?")
@@ -172,3 +174,10 @@ def test_links_into_the_glossary_resolve():
                 if anchor not in anchors:
                     broken.append(f"GLOSSARY.md: #{anchor}")
     assert not broken, broken
+
+
+def test_every_glossary_heading_is_unique():
+    # two entries with one heading get anchors "#term" and "#term-1": links reach only the first
+    headings = [normalize(h) for h in glossary_headings()]
+    repeated = sorted({h for h in headings if headings.count(h) > 1})
+    assert not repeated, f"GLOSSARY.md defines these terms twice: {repeated}"
