@@ -5,6 +5,7 @@ See mini_vllm/README.md for the map and the public API.
 from mini_vllm.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, hash_block_tokens
 from mini_vllm.engine import LLM, CompletionOutput, LLMEngine, RequestOutput, StepStats
 from mini_vllm.kv_cache import KVCacheManager
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.model import ToyModel
 from mini_vllm.model_input import ModelInput
 from mini_vllm.model_runner import prepare_inputs
@@ -24,6 +25,7 @@ __all__ = [
     "KVCacheBlock",
     "KVCacheManager",
     "LLMEngine",
+    "LoRARequest",
     "ModelInput",
     "Request",
     "RequestMetrics",

@@ -24,10 +24,12 @@ Invariants (checked by ``BlockPool.check_invariants`` in the tests):
 Deliberate differences from upstream:
 
 * The hash is SHA-256 over the parent's 32 bytes and the tokens as 8-byte
-  integers. Upstream hashes a pickled ``(parent, tokens, extra_keys)`` tuple
-  (SHA-256 by default), starts the chain from a random ``NONE_HASH`` unless
-  ``PYTHONHASHSEED`` is set, and mixes LoRA, multimodal and ``cache_salt``
-  keys in; mini_vllm has none of those, so its hashes are reproducible.
+  integers, then the extra keys (a LoRA adapter's name) as UTF-8 strings.
+  Upstream hashes a pickled ``(parent, tokens, extra_keys)`` tuple (SHA-256 by
+  default) and starts the chain from a random ``NONE_HASH`` unless
+  ``PYTHONHASHSEED`` is set; mini_vllm's hashes are reproducible. Of
+  upstream's extra keys mini_vllm has the LoRA name only (no multimodal,
+  prompt-embedding or ``cache_salt`` keys).
 * One KV cache group, so a hash is the cache key as is (upstream appends a
   group id) and ``get_cached_block`` returns a block, not one per group.
 * ``cached_block_hash_to_block`` is always ``{hash: {block_id: block}}``;
@@ -60,8 +62,9 @@ if TYPE_CHECKING:
 BlockHash = bytes
 
 
-def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """SHA-256 of (parent hash, this block's tokens).
+def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[int],
+                      extra_keys: tuple[str, ...] | None = None) -> BlockHash:
+    """SHA-256 of (parent hash, this block's tokens, extra keys).
 
     Chaining the parent in makes a hash name a whole *prefix*: two blocks with
     the same tokens after different prefixes get different hashes, because
@@ -69,10 +72,18 @@ def hash_block_tokens(parent_block_hash: BlockHash | None, token_ids: Sequence[i
     upstream's default, makes an accidental collision (which would silently
     serve another prompt's KV) practically impossible.
 
+    ``extra_keys`` is what else decides the block's K/V besides its tokens:
+    the name of the LoRA adapter the request runs with, since an adapter on
+    q/k/v changes every cached K and V. None or () leaves the hash as it was.
+
     upstream: vllm/v1/core/kv_cache_utils.py:541 hash_block_tokens
+    upstream: vllm/v1/core/kv_cache_utils.py:462 _gen_lora_extra_hash_keys
     """
     h = hashlib.sha256(parent_block_hash or b"")
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    for key in extra_keys or ():
+        encoded = key.encode("utf-8")
+        h.update(struct.pack("<q", len(encoded)) + encoded)  # length first: keys cannot run together
     return h.digest()
 
 

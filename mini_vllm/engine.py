@@ -32,6 +32,7 @@ import numpy as np
 
 from mini_vllm.kv_cache import KVCacheManager
 from mini_vllm.logits_processor import LogitsProcessor, PersistentBatch
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.model import ToyModel
 from mini_vllm.model_runner import prepare_inputs, spec_decode_metadata
 from mini_vllm.request import Request, RequestMetrics, RequestStatus
@@ -70,6 +71,7 @@ class StepStats:
     expert_loads: tuple[tuple[int, ...], ...] = ()  # MoE: slots per expert, one row per layer
     spec_decoding: SpecDecodingStats | None = None  # drafts verified this step (None: spec off)
     num_collectives: int = 0  # tensor parallelism: all-reduces + gathers on rank 0 (0 at TP = 1)
+    active_loras: tuple[int, ...] = ()  # Phase 11: the distinct adapter ids of the step's batch, sorted
 
 
 _MODEL_INTERFACE = ("vocab_size", "max_model_len", "eos_token_id", "tokenizer", "init_kv_cache", "execute")
@@ -146,6 +148,17 @@ class LLMEngine:
     and a worker's exception or a hung collective becomes ``RuntimeError``.
     (upstream: vllm/v1/executor/multiproc_executor.py:102 MultiprocExecutor)
 
+    ``enable_lora=True`` (numpy transformer, off by default) serves PEFT
+    adapters: ``add_request(..., lora_request=LoRARequest(name, id, path))``
+    or ``LLM.generate(..., lora_request=...)``. Every linear layer gets
+    ``max_loras`` slots of rank ``max_lora_rank`` (one of 1, 8, 16, 32, 64,
+    128, 256, 320, 512); adapters load from disk into an LRU of
+    ``max_cpu_loras`` (default ``max_loras``) and into slots by LRU, and the
+    scheduler never puts more than ``max_loras`` distinct adapters in a step.
+    Rows without an adapter get exactly the base model's output; blocks are
+    shared in the prefix cache only between requests of the same adapter
+    name (``mini_vllm.lora``; upstream: vllm/config/lora.py:31 LoRAConfig).
+
     Request ids default to ``"req-0"``, ``"req-1"``, ... counted per engine.
     Requests with ``seed=None`` draw from a generator seeded by
     ``(seed, request number)``, so a whole run is reproducible.
@@ -173,6 +186,10 @@ class LLMEngine:
         max_logprobs: int = 20,
         logits_processors: list[type[LogitsProcessor]] | tuple = (),
         tensor_parallel_size: int = 1,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         if model_backend not in ("numpy", "torch"):
             raise ValueError(f"model_backend must be one of numpy, torch, got {model_backend!r}")
@@ -224,6 +241,8 @@ class LLMEngine:
                              f"({self.model.max_model_len}), got {max_model_len}")
         self.max_model_len = max_model_len or self.model.max_model_len
         self.tokenizer = self.model.tokenizer
+        self.lora_manager = self._make_lora_manager(enable_lora, max_loras, max_lora_rank, max_cpu_loras)
+        self._lora_requests: dict[int, LoRARequest] = {}  # every adapter id seen, to catch a reused id
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_caching, self.max_model_len)
         self.scheduler = Scheduler(
             self.kv_cache_manager,
@@ -231,6 +250,7 @@ class LLMEngine:
             max_num_batched_tokens=max_num_batched_tokens,
             long_prefill_token_threshold=long_prefill_token_threshold,
             max_model_len=self.max_model_len,
+            max_loras=max_loras if enable_lora else None,
         )
         self.kv_cache_dtype = self._init_kv_cache(num_blocks, block_size, kv_cache_dtype)
         self.attention_backend = self._select_attention_backend(attention_backend, block_size)
@@ -266,6 +286,57 @@ class LLMEngine:
         if kv_cache_dtype != "auto":
             raise ValueError(f"tensor_parallel_size > 1 keeps a float32 KV cache: kv_cache_dtype must be "
                              f"'auto', got {kv_cache_dtype!r}")
+
+    def _make_lora_manager(self, enable_lora, max_loras, max_lora_rank, max_cpu_loras):
+        """The adapter manager when ``enable_lora``; its arguments are checked either way."""
+        from mini_vllm.lora.model_manager import MAX_LORA_RANKS
+
+        if not isinstance(enable_lora, bool):
+            raise ValueError(f"enable_lora must be True or False, got {enable_lora!r}")
+        _positive_int("max_loras", max_loras)
+        if max_lora_rank not in MAX_LORA_RANKS or isinstance(max_lora_rank, bool):
+            raise ValueError(f"max_lora_rank must be one of {', '.join(map(str, MAX_LORA_RANKS))}, "
+                             f"got {max_lora_rank!r}")
+        if max_cpu_loras is not None and (_positive_int("max_cpu_loras", max_cpu_loras) < max_loras):
+            raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras})")
+        if not enable_lora:
+            return None
+        model = self.model
+        if self.model_executor is not None or not hasattr(model, "linears") or not hasattr(model, "config"):
+            raise ValueError(f"enable_lora needs a numpy transformer (a named model with model_backend='numpy', "
+                             f"tensor_parallel_size=1), not {type(model).__name__}")
+        if model.config.is_moe:
+            raise ValueError("enable_lora covers dense models: mini_vllm has no LoRA for a mixtral model's experts")
+        from mini_vllm.lora.lora_model import LoRAModel
+        from mini_vllm.lora.model_manager import LRUCacheLoRAModelManager
+
+        def load(request: LoRARequest) -> LoRAModel:
+            return LoRAModel.from_local_checkpoint(request.lora_path, model.config, lora_model_id=request.lora_int_id,
+                                                   max_lora_rank=max_lora_rank)
+
+        return LRUCacheLoRAModelManager(model, max_loras, max_lora_rank, max_cpu_loras, loader=load)
+
+    def _check_lora_request(self, lora_request) -> None:
+        """Refuse an adapter before its request queues: wrong type, LoRA off, an id reused for
+        another adapter, or a folder that does not load (rank, modules, shapes)."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest or None, got {type(lora_request).__name__}")
+        if self.lora_manager is None:
+            raise ValueError(f"lora_request {lora_request.lora_name!r} needs LLMEngine(enable_lora=True): "
+                             f"LoRA is not enabled")
+        seen = self._lora_requests.get(lora_request.lora_int_id)
+        if seen is not None and (seen.lora_name, seen.path) != (lora_request.lora_name, lora_request.path):
+            raise ValueError(f"lora_int_id {lora_request.lora_int_id} already names adapter {seen.lora_name!r} "
+                             f"at {seen.path!r}; each adapter needs its own id")
+        clash = next((r for r in self._lora_requests.values() if r.lora_name == lora_request.lora_name
+                      and r.lora_int_id != lora_request.lora_int_id), None)
+        if clash is not None:
+            raise ValueError(f"lora_name {lora_request.lora_name!r} is already adapter id {clash.lora_int_id}; "
+                             f"the prefix cache keys blocks by name, so a name needs one adapter")
+        self.lora_manager.ensure_registered(lora_request)  # loads now, so a bad folder fails here
+        self._lora_requests[lora_request.lora_int_id] = lora_request
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (idempotent; a no-op at ``tensor_parallel_size=1``).
@@ -349,9 +420,12 @@ class LLMEngine:
         return config
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Queue one request; return its id. Rejects what could never finish.
+
+        ``lora_request`` runs it with that adapter (needs ``enable_lora=True``).
 
         upstream: vllm/v1/engine/llm_engine.py:209 LLMEngine.add_request
         """
@@ -384,8 +458,10 @@ class LLMEngine:
             raise ValueError(f"request_id must be None or a non-empty str, got {request_id!r}")
         if request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        self._check_lora_request(lora_request)
         request = Request(
-            request_id, token_ids, params, self.model.eos_token_id, time.time(), tokenizer=self.tokenizer
+            request_id, token_ids, params, self.model.eos_token_id, time.time(), tokenizer=self.tokenizer,
+            lora_request=lora_request,
         )
         request.metrics.arrival_step = self.num_steps
         seed = params.seed if params.seed is not None else (self.seed, self._num_added)
@@ -456,12 +532,15 @@ class LLMEngine:
         spec_stats = None
         graph_mode = "NONE"
         expert_loads = ()
+        active_loras: tuple[int, ...] = ()
         backend = getattr(self.model, "attn_backend", None)
         if out.total_num_scheduled_tokens:
             reqs = out.scheduled_requests
             if backend is not None:
                 backend.kv_rows_read = 0
             model_input = prepare_inputs(out, self.kv_cache_manager)
+            if self.lora_manager is not None:
+                active_loras = self._set_lora_indices(reqs, model_input)
             prompt_rows = self._prompt_logprob_rows(out, model_input)
             if prompt_rows:  # extra logits rows, after the usual ones
                 model_input.logits_indices = np.concatenate(
@@ -535,8 +614,20 @@ class LLMEngine:
             expert_loads=expert_loads,
             spec_decoding=spec_stats,
             num_collectives=num_collectives,
+            active_loras=active_loras,
         ))
         return finished
+
+    def _set_lora_indices(self, reqs: list[Request], model_input) -> tuple[int, ...]:
+        """Seat the batch's adapters in slots and give every row its slot (-1: base model).
+
+        upstream: vllm/v1/worker/lora_model_runner_mixin.py:48 _set_active_loras
+        """
+        slots = self.lora_manager.set_active_adapters([r.lora_request for r in reqs])
+        counts = np.diff(model_input.query_start_loc)
+        model_input.token_lora_indices = np.repeat(slots, counts)
+        self.lora_manager.punica_wrapper.update_metadata(model_input.token_lora_indices)
+        return tuple(sorted({r.lora_request.lora_int_id for r in reqs if r.lora_request is not None}))
 
     def _sample_batch(self, logits: np.ndarray, reqs: list[Request], sampled: dict,
                       take: list[bool] | None = None) -> None:
@@ -640,16 +731,18 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams],
+                 lora_requests: list | None = None) -> list[str]:
         """``add_request`` for each pair, all or nothing: if one is rejected, the
         ones already added are withdrawn, so the engine is left as it was.
 
         upstream: vllm/entrypoints/offline_utils.py:523 _render_and_add_requests
         """
         ids: list[str] = []
+        loras = [None] * len(prompts) if lora_requests is None else lora_requests
         try:
-            for prompt, sp in zip(prompts, params, strict=True):
-                ids.append(self.add_request(prompt, sp))
+            for prompt, sp, lora in zip(prompts, params, loras, strict=True):
+                ids.append(self.add_request(prompt, sp, lora_request=lora))
         except Exception:
             for rid in ids:
                 self.abort_request(rid)
@@ -657,14 +750,15 @@ class LLMEngine:
         return ids
 
     def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[Request]:
         """Add every prompt, step until they all finish, return them in prompt order."""
         prompts = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = self._add_all(prompts, params_list)
+        ids = self._add_all(prompts, params_list, _lora_list(lora_request, len(prompts)))
         done: dict[str, Request] = {}
         while len(done) < len(ids):
             for req in self.step():
@@ -700,6 +794,17 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     prompt_logprobs: list | None = None  # Phase 09: set when SamplingParams.prompt_logprobs is
+    lora_request: LoRARequest | None = None  # Phase 11: the adapter it ran with
+
+
+def _lora_list(lora_request, num_prompts: int) -> list:
+    """One LoRARequest (or None) per prompt, from one for all or a list (upstream's two forms)."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if not isinstance(lora_request, list | tuple) or len(lora_request) != num_prompts:
+        raise ValueError(f"lora_request must be a LoRARequest, None, or a list of {num_prompts} "
+                         f"(one per prompt, None for the base model), got {lora_request!r:.80}")
+    return list(lora_request)
 
 
 class LLM:
@@ -716,9 +821,11 @@ class LLM:
         self,
         prompts: Prompt | list[Prompt],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         prompts = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        loras = _lora_list(lora_request, len(prompts))
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if not isinstance(sampling_params, list) or len(sampling_params) != len(prompts) or not all(
@@ -727,9 +834,10 @@ class LLM:
             raise ValueError(f"sampling_params must be a SamplingParams or a list of {len(prompts)}, "
                              f"one per prompt, got {sampling_params!r:.80}")
         # Child i of a prompt with n > 1 is a request of its own (seed + i).
-        flat = [(prompt, replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i))
-                for prompt, sp in zip(prompts, sampling_params, strict=True) for i in range(sp.n)]
-        new_ids = iter(engine._add_all([p for p, _ in flat], [sp for _, sp in flat]))
+        flat = [(prompt, replace(sp, n=1, seed=None if sp.seed is None else sp.seed + i), lora)
+                for prompt, sp, lora in zip(prompts, sampling_params, loras, strict=True) for i in range(sp.n)]
+        new_ids = iter(engine._add_all([p for p, _, _ in flat], [sp for _, sp, _ in flat],
+                                       [lora for _, _, lora in flat]))
         children = [[next(new_ids) for _ in range(sp.n)] for sp in sampling_params]
         done: dict[str, Request] = {}
         total = sum(map(len, children))
@@ -737,7 +845,7 @@ class LLM:
             for req in engine.step():
                 done[req.request_id] = req
         results = []
-        for prompt, ids in zip(prompts, children, strict=True):
+        for prompt, ids, lora in zip(prompts, children, loras, strict=True):
             reqs = [done[i] for i in ids]
             outputs = [
                 CompletionOutput(i, r.output_text(), list(r.output_token_ids), r.finish_reason,
@@ -753,6 +861,7 @@ class LLM:
                 num_cached_tokens=reqs[0].metrics.num_cached_tokens,
                 num_preemptions=sum(r.num_preemptions for r in reqs),
                 prompt_logprobs=reqs[0].prompt_logprobs,
+                lora_request=lora,
             ))
         return results
 

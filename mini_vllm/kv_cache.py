@@ -76,9 +76,11 @@ class KVCacheManager:
         upstream: vllm/v1/request.py:229 Request.update_block_hashes
         """
         hashes, bs = request.block_hashes, self.block_size
+        lora = getattr(request, "lora_request", None)
+        extra_keys = (lora.lora_name,) if lora is not None else None  # Phase 11: per adapter
         for i in range(len(hashes), request.num_tokens // bs):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, request.all_token_ids[i * bs : (i + 1) * bs]))
+            hashes.append(hash_block_tokens(parent, request.all_token_ids[i * bs : (i + 1) * bs], extra_keys))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest cached prefix of ``request`` in whole blocks, and its token count.

@@ -40,6 +40,8 @@ class ModelInput:
     slot_mapping: np.ndarray  # [T] int64, where row i's new K/V is written
     logits_indices: np.ndarray  # [B] int64, the rows whose logits the sampler needs
     block_size: int
+    # [T] int64, the LoRA slot of each row, -1 for none; None when LoRA is off (Phase 11)
+    token_lora_indices: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:

@@ -97,8 +97,10 @@ class Request:
         arrival_time: float = 0.0,
         priority: int = 0,
         tokenizer: ByteTokenizer | HFTokenizer | None = None,
+        lora_request=None,
     ) -> None:
         self.request_id = request_id
+        self.lora_request = lora_request  # Phase 11: a LoRARequest, or None for the base model
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time

@@ -16,6 +16,9 @@ prefills and decodes mix freely in one batch.
 2. WAITING requests, FCFS, only if nothing was preempted this step and fewer
    than ``max_num_seqs`` are running. Each starts from its prefix-cache hit
    (``get_computed_blocks``); the first that does not fit stops admission.
+   With ``max_loras`` set (Phase 11), a request whose adapter would be one
+   distinct adapter too many for this step is *skipped*, not a barrier: it
+   keeps its place in the queue and later requests may still run.
 
 Deliberate differences from upstream (each keeps the file small; none
 changes which tokens a request produces):
@@ -34,8 +37,8 @@ changes which tokens a request produces):
   guarantees every request fits the pool alone, so preemption always
   resolves it.
 * FCFS only (no priority policy); chunked prefill is always on (no
-  ``enable_chunked_prefill=False`` mode); no encoder inputs, LoRA, KV
-  connectors or pausing.
+  ``enable_chunked_prefill=False`` mode); no encoder inputs, KV connectors
+  or pausing.
 * ``SchedulerOutput`` carries the ``Request`` objects themselves, not
   upstream's ``NewRequestData`` / ``CachedRequestData`` copies meant for a
   worker process; ``preempted_req_ids`` is a list in preemption order, not a set.
@@ -104,7 +107,11 @@ class Scheduler:
         max_num_batched_tokens: int = 2048,
         long_prefill_token_threshold: int = 0,
         max_model_len: int | None = None,
+        max_loras: int | None = None,
     ) -> None:
+        if max_loras is not None and (isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1):
+            raise ValueError(f"max_loras must be None (LoRA off) or an integer >= 1, got {max_loras!r}")
+        self.max_loras = max_loras
         for name, value, low in (
             ("max_num_seqs", max_num_seqs, 1),
             ("max_num_batched_tokens", max_num_batched_tokens, 1),
@@ -185,6 +192,10 @@ class Scheduler:
             i += 1
 
         # Pass 2: WAITING. upstream: vllm/v1/core/sched/scheduler.py:545 preempted_reqs
+        # The adapters this step runs, by id (upstream: vllm/v1/core/sched/scheduler.py:535-542 scheduled_loras).
+        scheduled_loras = {r.lora_request.lora_int_id for r in out.scheduled_running_reqs
+                           if r.lora_request is not None}
+        skipped: list[Request] = []
         while (
             not out.preempted_req_ids
             and self.waiting
@@ -192,11 +203,20 @@ class Scheduler:
             and len(self.running) < self.max_num_seqs
         ):
             request = self.waiting[0]
+            lora = request.lora_request
+            if (self.max_loras is not None and lora is not None and len(scheduled_loras) == self.max_loras
+                    and lora.lora_int_id not in scheduled_loras):
+                # One adapter too many this step: skip it, keep its place
+                # (upstream: vllm/v1/core/sched/scheduler.py:572-582 max_loras).
+                skipped.append(self.waiting.popleft())
+                continue
             hits, num_hit_tokens = kv.get_computed_blocks(request)
             num_new = self._clamp_new_tokens(request.num_tokens - num_hit_tokens, token_budget)
             if kv.allocate_slots(request, num_new, hits, num_hit_tokens) is None:
                 break  # head-of-line: later arrivals wait behind it (FCFS)
             self.waiting.popleft()
+            if lora is not None:
+                scheduled_loras.add(lora.lora_int_id)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit_tokens
@@ -205,6 +225,7 @@ class Scheduler:
             out.num_cached_tokens[request.request_id] = num_hit_tokens
             token_budget -= num_new
 
+        self.waiting.extendleft(reversed(skipped))  # the skipped go back in front, in their order
         out.total_num_scheduled_tokens = self.max_num_batched_tokens - token_budget
         assert len(self.running) <= self.max_num_seqs
         return out
