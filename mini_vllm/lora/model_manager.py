@@ -103,6 +103,21 @@ class LRUCacheLoRAModelManager:
         self._registered_adapters = AdapterLRUCache(self.capacity, self.deactivate_adapter)
         self._active_adapters = AdapterLRUCache(self.lora_slots, self._deactivate_adapter)
 
+    def set_punica_wrapper(self, wrapper) -> None:
+        """Use another batched-LoRA implementation in every wrapped layer (Phase 11, lab 05).
+
+        ``wrapper`` needs ``update_metadata(token_lora_indices)``, a ``no_lora`` attribute
+        (True when no row has an adapter) and ``add_lora_linear(y, x, lora_a_stacked,
+        lora_b_stacked, scale, output_slices)`` adding into ``y`` in place.
+        """
+        missing = [a for a in ("update_metadata", "no_lora", "add_lora_linear") if not hasattr(wrapper, a)]
+        if missing:
+            raise ValueError(f"wrapper must have update_metadata, no_lora and add_lora_linear; "
+                             f"{type(wrapper).__name__} lacks {', '.join(missing)}")
+        self.punica_wrapper = wrapper
+        for module in self.modules.values():
+            module.punica_wrapper = wrapper
+
     # -- the two caches ------------------------------------------------------
     def list_adapters(self) -> dict[int, LoRAModel]:
         return dict(self._registered_adapters.cache)

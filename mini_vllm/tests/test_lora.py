@@ -376,3 +376,22 @@ def test_rank_over_max_lora_rank_and_unknown_modules_are_refused(tmp_path, adapt
     other = write_peft_adapter(tmp_path / "other", narrow, r=8, target_modules=("o_proj",))
     with pytest.raises(ValueError, match=r"o_proj has lora_A \[8, 64\] and lora_B \[32, 8\]"):
         engine.add_request("hi", lora_request=LoRARequest("other", 7, str(other)))
+
+
+def test_another_punica_wrapper_can_be_plugged_in(adapters):
+    from mini_vllm.lora.punica import PunicaWrapperNumpy
+
+    class Counting(PunicaWrapperNumpy):
+        calls = 0
+
+        def add_lora_linear(self, *args):
+            Counting.calls += 1
+            super().add_lora_linear(*args)
+
+    engine = LLMEngine("tiny-random", enable_lora=True, max_loras=1, max_lora_rank=16)
+    engine.lora_manager.set_punica_wrapper(Counting(1))
+    got = engine.generate(["hello"], GREEDY, lora_request=_lr(adapters, "a"))[0].output_token_ids
+    assert got == _alone(adapters, "hello", "a")
+    assert Counting.calls == 8 * 2 * 4  # 8 steps x 2 layers x 4 wrapped linears
+    with pytest.raises(ValueError, match="lacks update_metadata, no_lora, add_lora_linear"):
+        engine.lora_manager.set_punica_wrapper(object())
