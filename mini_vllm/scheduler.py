@@ -36,6 +36,13 @@ changes which tokens a request produces):
   upstream would keep waiting, and preempt later. ``LLMEngine.add_request``
   guarantees every request fits the pool alone, so preemption always
   resolves it.
+* One waiting queue. Upstream parks the requests a step skipped (here: for
+  ``max_loras``) in a second queue, ``skipped_waiting``, which FCFS reads
+  first; mini_vllm puts them back at the front of its one queue, in order,
+  which visits requests in the same order, with one exception: a request
+  preempted later goes to the front here, but behind the skipped ones
+  upstream (upstream: vllm/v1/core/sched/scheduler.py:1621
+  _select_waiting_queue_for_scheduling).
 * FCFS only (no priority policy); chunked prefill is always on (no
   ``enable_chunked_prefill=False`` mode); no encoder inputs, KV connectors
   or pausing.

@@ -7,7 +7,7 @@ refuses what it cannot serve: DoRA, ``modules_to_save`` and adapter biases.
 
 upstream: vllm/lora/peft_helper.py:20 PEFTHelper
 upstream: vllm/lora/peft_helper.py:53 __post_init__
-upstream: vllm/lora/peft_helper.py:106 validate_legal
+upstream: vllm/lora/peft_helper.py:114 validate_legal
 """
 from __future__ import annotations
 
