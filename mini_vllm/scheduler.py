@@ -41,8 +41,7 @@ changes which tokens a request produces):
   first; mini_vllm puts them back at the front of its one queue, in order,
   which visits requests in the same order, with one exception: a request
   preempted later goes to the front here, but behind the skipped ones
-  upstream (upstream: vllm/v1/core/sched/scheduler.py:1621
-  _select_waiting_queue_for_scheduling).
+  upstream (see the ``upstream:`` line for ``_select_waiting_queue_for_scheduling``).
 * FCFS only (no priority policy); chunked prefill is always on (no
   ``enable_chunked_prefill=False`` mode); no encoder inputs, KV connectors
   or pausing.
@@ -68,6 +67,7 @@ proposer here keeps no KV of its own, so it needs none either).
 upstream: vllm/v1/core/sched/scheduler.py:329 Scheduler.schedule
 upstream: vllm/v1/core/sched/scheduler.py:396-398 max_model_len
 upstream: vllm/v1/core/sched/scheduler.py:721-731 full_sequence_must_fit
+upstream: vllm/v1/core/sched/scheduler.py:1621 _select_waiting_queue_for_scheduling
 upstream: vllm/v1/core/sched/output.py:181 SchedulerOutput
 upstream: vllm/v1/core/sched/scheduler.py:218 num_lookahead_tokens
 """
