@@ -27,3 +27,22 @@ def tree(tmp_path):
 def write_files():
     """``write_tree`` itself, for module-scoped fixtures."""
     return write_tree
+
+
+@pytest.fixture(scope="session")
+def real_book(tmp_path_factory):
+    """The repository's own book, assembled and built once per session: (site, plan, problems).
+
+    ``problems`` are what ``python -m course book`` would print: code fences, mdBook's
+    warnings and broken links. The link test and the browser test share this one build.
+    """
+    from course import book
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    tmp = tmp_path_factory.mktemp("real-book")
+    src, out = tmp / "src", tmp / "site"
+    plan = book.assemble(root, src)
+    # the steps of book.run, kept apart so the plan comes back too
+    problems = book.check_fences(root, plan.pages()) + book.build(root, src, out)
+    problems += book.check_site(out) if (out / "index.html").is_file() else [f"{out}: no index.html"]
+    return out, plan, problems

@@ -119,12 +119,10 @@ def links_in(dom: str, container: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> tuple[pathlib.Path, book.Plan]:
-    tmp = tmp_path_factory.mktemp("book")
-    plan = book.assemble(ROOT, tmp / "src")
-    warnings = book.build(ROOT, tmp / "src", tmp / "site")
-    assert warnings == [], warnings
-    return tmp / "site", plan
+def site(real_book) -> tuple[pathlib.Path, book.Plan]:
+    out, plan, problems = real_book  # the session's one build of the real book (conftest.py)
+    assert problems == [], problems
+    return out, plan
 
 
 def test_home_page_renders_with_a_sidebar_listing_every_phase(site, tmp_path):

@@ -42,6 +42,7 @@ LAB_03_03 = ROOT / "phase-03-continuous-batching-scheduler/labs/lab-03-prefix-ca
 LAB_06_02 = ROOT / "phase-06-quantization/labs/lab-02-quantize-and-eval"
 LAB_08_02 = ROOT / "phase-08-speculative-decoding/labs/lab-02-eagle-on-real-vllm"
 LAB_09_02 = ROOT / "phase-09-sampling-and-decoding-algorithms/labs/lab-02-parallel-sampling"
+LAB_10_02 = ROOT / "phase-10-distributed-inference/labs/lab-02-two-way-tp"
 
 GiB = 1 << 30
 KV_CACHE_GIB = 1
@@ -256,6 +257,24 @@ def test_phase_08_ngram_speculation_equals_mini_vllms_on_the_real_cpu_engine():
     metrics = run.impl.parse_metrics_line(theirs["line"])
     assert (metrics.k, round(metrics.mean_acceptance_length, 2)) == (3, 3.80)  # 1 + 14 / 5
     assert metrics.draft_acceptance_rate_pct == 93.3 and not run.impl.reconcile_metrics(metrics)
+
+
+def test_phase_10_tensor_parallel_on_the_real_cpu_engine():
+    """Lab 10-02's ``run.py``: real vLLM refuses TP = 2 for SmolLM2's 9 heads, and at TP = 3 runs
+    three CPU workers over gloo whose greedy tokens equal transformers' on one process.
+
+    Each call starts a fresh engine in a subprocess (minutes at TP = 3: every worker loads torch
+    and the model); OpenMP binding is off, since this machine has one NUMA node.
+    """
+    import re
+
+    run = import_path(LAB_10_02 / "run.py")
+    refused, _ = run.run_child("cpu", 2, timeout=600)
+    assert "must be divisible by tensor parallel size (2)" in refused["error"]
+    result, log = run.run_child("cpu", 3, timeout=1500)
+    assert result["error"] is None, log[-2000:]
+    assert sorted(set(re.findall(r"\(Worker_TP(\d)", log))) == ["0", "1", "2"]
+    assert result["tokens"] == [c["greedy_ids"][:run.GOLDEN_TOKENS] for c in run.golden_chats()]
 
 
 def _prefix_cache_counters(llm) -> tuple[int, int]:

