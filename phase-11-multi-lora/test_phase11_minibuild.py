@@ -10,11 +10,11 @@ timed engines run the batch the page describes.
 
 Run the tests (a few seconds on this shared 2-core CPU):
 
-    pytest -q drafts/phase-11-multi-lora/test_phase11_minibuild.py
+    pytest -q phase-11-multi-lora/test_phase11_minibuild.py
 
 Measure the step times yourself (a few seconds):
 
-    python drafts/phase-11-multi-lora/test_phase11_minibuild.py
+    python phase-11-multi-lora/test_phase11_minibuild.py
 
 upstream: vllm/lora/layers/base_linear.py:99 create_lora_weights
 upstream: vllm/lora/layers/column_parallel_linear.py:205 create_lora_weights
