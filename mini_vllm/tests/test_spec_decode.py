@@ -487,7 +487,7 @@ def smollm2_plain():
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("k", [1, 3, 5])  # the tiny-random tests cover every k; three keep the real model's cost down
 def test_smollm2_greedy_output_is_unchanged_under_chunking_caching_and_preemption(smollm2_plain, k):
     import threadpoolctl
 
