@@ -86,3 +86,25 @@ def test_glossary_kv_cache_size_line_recovers_the_block_count():
     concurrency = blocks / math.ceil(max_model_len / block_size)
     assert f"{concurrency:.2f}x" == "68.66x"
     assert int(concurrency * max_model_len) == blocks * block_size == 140_608
+
+
+def test_errata_phase_11_rows():
+    """ERRATA, Phase 11 rows: the shrink ratio, the capture line's size, the slot reservations."""
+    # a rank-16 adapter on q, k, v, o of Llama-2-7B (hidden 4,096, 32 layers, MHA): r * (in + out) each
+    adapter_params = 32 * 4 * 16 * (4_096 + 4_096)
+    assert adapter_params == 16_777_216 and adapter_params * 2 == 32 * MiB  # bf16
+    assert round(7e9 / adapter_params, 1) == 417.2  # a nominal 7B
+    assert round(6_738_415_616 / adapter_params, 1) == 401.6  # Llama-2-7B's real count
+    assert 32 * MiB / GiB == 0.03125  # the seed's "0.03 GiB", computed, not logged
+    # vLLM's preallocated stacks, rank 16, bf16, per slot: every linear layer of the 32 layers
+    # (one A of r x in and one B of out x r per packed slice), then the embedding and LM-head wrappers
+    h, f, v, r = 4_096, 11_008, 32_000, 16
+    qkv, o, gate_up, down = 3 * r * h + 3 * h * r, r * h + h * r, 2 * r * h + 2 * f * r, r * f + h * r
+    per_layer = qkv + o + gate_up + down
+    assert per_layer == 1_249_280
+    linear_slot = 32 * per_layer * 2
+    assert linear_slot / MiB == 76.25 and 8 * linear_slot / MiB == 610
+    embed_slot = 2 * (v * r + h * r) * 2
+    assert (8 * (linear_slot + embed_slot)) / MiB == 627.625
+    # lab 11-04's 80/20 trace: 1,411 of 2,000 hits at 4 slots (the lab's test replays it)
+    assert 1_411 / 2_000 == 0.7055
